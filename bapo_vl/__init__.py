@@ -1,0 +1,2 @@
+"""BAPO: batch adaptation policy optimization."""
+__version__ = "0.1.0"

@@ -1,0 +1,1 @@
+"""Answer checking: pure functions from (model output, ground truth) to a Verdict."""
