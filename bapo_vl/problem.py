@@ -32,4 +32,14 @@ class Problem:
 
     @property
     def text(self) -> str:
-        return "\n".join(str(m["content"]) for m in self.messages if m.get("role") == "user")
+        """The user turns as plain text (image parts dropped)."""
+        parts = []
+        for m in self.messages:
+            if m.get("role") != "user":
+                continue
+            content = m["content"]
+            if isinstance(content, str):
+                parts.append(content)
+            else:
+                parts += [c["text"] for c in content if c.get("type") == "text"]
+        return "\n".join(parts)

@@ -1,0 +1,85 @@
+"""`bapo train`: load the task and the backend, run the steps, write the run record and checkpoints."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+
+from bapo_vl.config import Config
+from bapo_vl.plugins import get_task
+from bapo_vl.record import RunRecord, make_sinks
+from bapo_vl.trainer import StepResult, Trainer
+
+log = logging.getLogger(__name__)
+
+
+def make_backend(cfg: Config):
+    from bapo_vl.backends.embedded import EmbeddedBackend  # the only backend in this module's reach
+
+    return EmbeddedBackend(cfg)
+
+
+def record_rows(result: StepResult, log_samples: int):
+    """Per-prompt rows (uid, correct, G, subset) and a few sampled responses, for the run record."""
+    kept = {g.uid for g in result.x1}
+    promoted = {g.uid for g in result.x2}
+    rows = [(g.uid, g.correct, len(g.samples), "fresh" if g.uid in kept else "filtered") for g in result.fresh]
+    rows += [(g.uid, g.correct, len(g.samples), "x2" if g.uid in promoted else "reeval") for g in result.reevaluated]
+    rows += [(g.uid, g.correct, len(g.samples), "x3") for g in result.x3]
+    samples = [(g.uid, "fresh", j, s.text, s.reward, s.verdict)
+               for g in result.fresh[:log_samples] for j, s in enumerate(g.samples)]
+    samples += [(g.uid, "x2", j, s.text, s.reward, s.verdict) for g in result.x2[:log_samples]
+                for j, s in enumerate(g.samples)]
+    return rows, samples
+
+
+def _progress(total: int):
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+                    TextColumn("{task.fields[info]}"))
+
+
+def save_checkpoint(trainer: Trainer, run_dir: Path, step: int):
+    path = run_dir / "checkpoints" / f"step_{step}"
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save(trainer.state_dict(), path / "state.pt")
+    (run_dir / "checkpoints" / "latest").write_text(str(step))
+    return path
+
+
+def train(cfg: Config, quiet: bool = False) -> Path:
+    task = get_task(cfg.task, cfg.tasks_dirs)
+    problems = task.load(split="train", **cfg.task_options)
+    backend = make_backend(cfg)
+    trainer = Trainer(cfg, backend, task, problems)
+    name = cfg.name or f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
+    run_dir = Path(cfg.run_dir) / name
+    record = RunRecord.create(run_dir, cfg.to_dict(), name=name, backend="embedded",
+                              sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
+    record.log_problems(problems)
+    status = "failed"
+    try:
+        with _progress(cfg.steps) as progress:
+            bar = progress.add_task("train", total=cfg.steps, info="", visible=not quiet)
+            for t in range(1, cfg.steps + 1):
+                result = trainer.step(t)
+                m = result.metrics
+                rows, samples = record_rows(result, cfg.log_samples)
+                record.log_step(t, {k: v for k, v in m.items() if k != "verdicts"}, groups=rows, samples=samples,
+                                verdicts=m["verdicts"])
+                progress.update(bar, advance=1, info=(
+                    f"reward {m['fresh_reward']:.3f} |X1| {m['x1']} |X2| {m['x2']} |X3| {m['x3']} "
+                    f"B_bad {m['bad_size']} B_high {m['high_size']}"))
+                if cfg.save_every and t % cfg.save_every == 0:
+                    save_checkpoint(trainer, run_dir, t)
+        save_checkpoint(trainer, run_dir, cfg.steps)
+        backend.save_pretrained(run_dir / "final")
+        status = "finished"
+    finally:
+        record.finish(status)
+        record.close()
+    return run_dir

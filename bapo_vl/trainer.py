@@ -1,0 +1,238 @@
+"""The BAPO training loop: one step is Algorithm 1 of the paper, as a short list of named calls.
+
+The backend (embedded or verl) only generates, scores, updates and syncs; buffers, filters and thresholds come
+from bapo_vl/algorithm.py, advantages and losses from bapo_vl/losses.py.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+
+import torch
+
+from bapo_vl.algorithm import (BadBuffer, BapoState, Group, HighBuffer, Sample, Thresholds, get_filter,
+                               is_promoted, sample_replay)
+from bapo_vl.losses import grpo_advantages
+from bapo_vl.problem import Problem, Verdict
+
+log = logging.getLogger(__name__)
+
+
+class PromptSampler:
+    """Shuffled passes over the training problems (a new seeded permutation each epoch)."""
+
+    def __init__(self, problems: list[Problem], seed: int):
+        if not problems:
+            raise ValueError("the task loaded no training problems")
+        self.problems, self.seed = problems, seed
+        self.epoch, self.pos = 0, 0
+        self._order = self._permutation()
+
+    def _permutation(self):
+        order = list(range(len(self.problems)))
+        random.Random(self.seed + self.epoch).shuffle(order)
+        return order
+
+    def next(self, k: int) -> list[Problem]:
+        out = []
+        while len(out) < min(k, len(self.problems)):
+            if self.pos == len(self._order):
+                self.epoch, self.pos = self.epoch + 1, 0
+                self._order = self._permutation()
+            out.append(self.problems[self._order[self.pos]])
+            self.pos += 1
+        return out
+
+    def state_dict(self):
+        return {"epoch": self.epoch, "pos": self.pos}
+
+    def load_state_dict(self, state):
+        self.epoch, self.pos = state["epoch"], state["pos"]
+        self._order = self._permutation()
+
+
+def verify_safely(task, text: str, answer) -> Verdict:
+    """A verifier must never crash the trainer: an exception counts as unparsable (and is logged)."""
+    try:
+        verdict = task.verify(text, answer)
+        return verdict if isinstance(verdict, Verdict) else Verdict(verdict)
+    except Exception as e:  # noqa: BLE001 - model output is hostile input
+        log.warning("verifier %s raised %s: %s", task.name, type(e).__name__, e)
+        return Verdict.UNPARSABLE
+
+
+@dataclass
+class StepResult:
+    """What one step produced, for the run record."""
+
+    fresh: list[Group]
+    x1: list[Group]
+    reevaluated: list[Group]
+    x2: list[Group]
+    x3: list[Group]
+    metrics: dict = field(default_factory=dict)
+
+
+class Trainer:
+    def __init__(self, cfg, backend, task, problems: list[Problem]):
+        self.cfg, self.backend, self.task = cfg, backend, task
+        self.sampler = PromptSampler(problems, cfg.seed)
+        self.state = BapoState(
+            bad=BadBuffer(capacity=cfg.batch_size),
+            high=HighBuffer(max_age=cfg.high_max_age, max_uids=cfg.high_max_uids),
+            thresholds=Thresholds(c1=cfg.c1, c2_range=cfg.c2_range, c3_range=cfg.c3_range),
+            rng=random.Random(cfg.seed),
+        )
+        self.online_filter = get_filter(cfg.online_filter)
+        self.updates = 0  # trainer policy version: updates applied so far
+        self.rollout_version = 0  # version held by the rollout policy alpha
+        self._prompt_cache: dict[str, dict] = {}
+        self.verdicts: Counter = Counter()
+        self.timings: Counter = Counter()
+
+    # --- pieces of a step ------------------------------------------------------------------------------------
+
+    def encode(self, problem: Problem) -> dict:
+        if problem.uid not in self._prompt_cache:
+            self._prompt_cache[problem.uid] = self.backend.encode(problem)
+        return self._prompt_cache[problem.uid]
+
+    def rollout(self, problems: list[Problem], step: int, policy: str, source: str) -> list[Group]:
+        """G responses per problem from alpha (policy="rollout") or pi_theta (policy="current"), verified."""
+        prompts = [self.encode(p) for p in problems]
+        t0 = time.perf_counter()
+        outputs = self.backend.generate(prompts, self.cfg.group_size, policy=policy)
+        t1 = time.perf_counter()
+        version = self.rollout_version if policy == "rollout" else self.updates
+        groups = []
+        for problem, prompt, responses in zip(problems, prompts, outputs):
+            samples = []
+            for tokens, logprobs in responses:
+                text = self.backend.decode(tokens)
+                verdict = verify_safely(self.task, text, problem.answer)
+                self.verdicts[verdict.value] += 1
+                samples.append(Sample(tokens, logprobs, text, verdict.reward, verdict.value))
+            groups.append(Group(problem, samples, step, version, source, prompt))
+        self.timings["generate"] += t1 - t0
+        self.timings["score"] += time.perf_counter() - t1
+        return groups
+
+    def fresh_groups(self, step: int) -> tuple[list[Group], list[Group]]:
+        """Steps 2-4: sample B prompts, generate with alpha, filter into X1. With DAPO's dynamic sampling,
+        keep generating (at most `dynamic_sampling_rounds` rounds) until B groups pass the filter."""
+        cfg = self.cfg
+        fresh, x1 = [], []
+        for _ in range(max(1, cfg.dynamic_sampling_rounds)):
+            groups = self.rollout(self.sampler.next(cfg.batch_size), step, "rollout", "fresh")
+            fresh += groups
+            x1 += self.online_filter(groups, cfg, self.state.rng)
+            if len(x1) >= cfg.batch_size:
+                break
+        return fresh, x1[:cfg.batch_size]
+
+    def store(self, fresh: list[Group], step: int):
+        """Step 3: mu <= c1 into B_bad; c2 <= mu <= c3 into B_high (which keeps only recent steps)."""
+        th = self.state.thresholds
+        for g in fresh:
+            if g.mu <= th.c1 and self.cfg.use_x2:
+                self.state.bad.add(g)
+            if th.c2 <= g.mu <= th.c3 and self.cfg.use_x3:
+                self.state.high.add(g)
+        self.state.high.evict_older_than(step)
+
+    def revisit(self, step: int, exclude: set) -> tuple[list[Group], list[Group]]:
+        """Step 5 (X2): every m steps, re-generate up to `reeval_max` B_bad prompts with the current policy
+        and promote those now partly solved. Returns (all re-evaluated, promoted)."""
+        cfg = self.cfg
+        if not cfg.use_x2 or step % cfg.reeval_every != 0 or not len(self.state.bad):
+            return [], []
+        old = self.state.bad.oldest(cfg.reeval_max, exclude=exclude)
+        if not old:
+            return [], []
+        new = self.rollout([g.problem for g in old], step, "current", "x2")
+        promoted = [n for n, o in zip(new, old) if is_promoted(n, o, self.state.thresholds.c1, cfg.promote)]
+        self.state.bad.remove(g.uid for g in promoted)
+        return new, promoted
+
+    def replay(self, room: int, exclude: set) -> list[Group]:
+        """Step 6 (X3): fill the batch up to B from B_high; no uid twice in a batch."""
+        if not self.cfg.use_x3:
+            return []
+        th = self.state.thresholds
+        return sample_replay(self.state.high, room, th.c2, th.c3, exclude, self.state.rng)
+
+    def train_on(self, batch: list[Group]) -> dict:
+        """Steps 8-9: GRPO advantages per group, then the clipped update against stored log-probs."""
+        if not batch:
+            return {}
+        rewards = torch.tensor([g.rewards for g in batch], dtype=torch.float32)  # (n_groups, G)
+        adv = grpo_advantages(rewards, eps=self.cfg.adv_eps)  # (n_groups, G)
+        sequences = [{"prompt": g.prompt, "tokens": s.tokens, "logprobs": s.logprobs,
+                      "advantage": float(adv[i, j]), "group": i}
+                     for i, g in enumerate(batch) for j, s in enumerate(g.samples)]
+        t0 = time.perf_counter()
+        metrics = self.backend.update(sequences)
+        self.timings["train"] += time.perf_counter() - t0
+        self.updates += 1
+        return metrics
+
+    # --- one step (Algorithm 1) --------------------------------------------------------------------------------
+
+    def step(self, t: int) -> StepResult:
+        cfg, th = self.cfg, self.state.thresholds
+        self.verdicts.clear()
+        self.timings.clear()
+        if t % cfg.delay == 0:  # 1. delayed rollout policy
+            t0 = time.perf_counter()
+            self.backend.sync()
+            self.rollout_version = self.updates
+            self.timings["sync"] += time.perf_counter() - t0
+        fresh, x1 = self.fresh_groups(t)  # 2, 4
+        self.store(fresh, t)  # 3
+        in_batch = {g.uid for g in x1}
+        reevaluated, x2 = self.revisit(t, exclude=in_batch)  # 5
+        in_batch |= {g.uid for g in x2}
+        x3 = self.replay(cfg.batch_size - len(x1) - len(x2), exclude=in_batch)  # 6
+        batch = x1 + x2 + x3  # 7
+        c2, c3 = th.c2, th.c3  # the thresholds this step used
+        train_metrics = self.train_on(batch)  # 8, 9
+        th.observe([r for g in fresh for r in g.rewards])  # 10
+        return StepResult(fresh, x1, reevaluated, x2, x3, self._metrics(t, fresh, x1, reevaluated, x2, x3, batch,
+                                                                         c2, c3, train_metrics))
+
+    def _metrics(self, t, fresh, x1, reevaluated, x2, x3, batch, c2, c3, train_metrics) -> dict:
+        G = self.cfg.group_size
+        bins = [0] * (G + 1)
+        for g in fresh:
+            bins[min(g.correct, G)] += 1
+        mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
+        return {
+            "step": t, "x1": len(x1), "x2": len(x2), "x3": len(x3), "batch_size": self.cfg.batch_size,
+            "trained_groups": len(batch), "bad_size": len(self.state.bad), "high_size": len(self.state.high),
+            "c1": self.state.thresholds.c1, "c2": c2, "c3": c3, "r_tot": self.state.thresholds.r_tot,
+            "rollouts": G * (len(fresh) + len(reevaluated)), "rollouts_fresh": G * len(fresh),
+            "rollouts_reeval": G * len(reevaluated),
+            "fresh_reward": mean([r for g in fresh for r in g.rewards]),
+            "reward": mean([r for g in batch for r in g.rewards]),
+            "reeval_reward": mean([r for g in reevaluated for r in g.rewards]),
+            "bins": bins, "policy_version": self.updates, "rollout_version": self.rollout_version,
+            "response_length": mean([len(s.tokens) for g in fresh for s in g.samples]),
+            **{f"t_{k}": self.timings.get(k, 0.0) for k in ("generate", "score", "train", "sync")},
+            **{k: v for k, v in train_metrics.items()},
+            "verdicts": dict(self.verdicts),
+        }
+
+    # --- checkpoint state --------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        return {"bapo": self.state, "sampler": self.sampler.state_dict(), "updates": self.updates,
+                "rollout_version": self.rollout_version, "backend": self.backend.state_dict()}
+
+    def load_state_dict(self, state: dict):
+        self.state = state["bapo"]
+        self.sampler.load_state_dict(state["sampler"])
+        self.updates, self.rollout_version = state["updates"], state["rollout_version"]
+        self.backend.load_state_dict(state["backend"])
