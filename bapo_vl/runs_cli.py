@@ -1,0 +1,112 @@
+"""`bapo runs list` and `bapo runs show`: read run records (bapo_vl.record) and print them.
+
+Argument parsing lives in bapo_vl/cli.py; these functions take plain values and return an exit code.
+They only read (read-only SQLite connections), so they are safe to run while a run is training.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from bapo_vl.record import DB_NAME, query_ro, find_runs, read_meta, read_run
+
+# per-step columns shown by `runs show` (header, key, format)
+SHOW_COLUMNS = [
+    ("step", "step", "{}"), ("|X1|", "x1", "{}"), ("|X2|", "x2", "{}"), ("|X3|", "x3", "{}"),
+    ("B", "batch_size", "{}"), ("|B_bad|", "bad_size", "{}"), ("|B_high|", "high_size", "{}"),
+    ("c2", "c2", "{:.3f}"), ("c3", "c3", "{:.3f}"), ("rollouts", "rollouts", "{}"),
+    ("fresh r", "fresh_reward", "{:.3f}"), ("batch r", "reward", "{:.3f}"), ("loss", "loss", "{:.4g}"),
+    ("kl", "kl", "{:.3g}"), ("gen s", "t_generate", "{:.1f}"), ("train s", "t_train", "{:.1f}"),
+]
+
+
+def _fmt(value, fmt: str = "{}") -> str:
+    return "-" if value is None else fmt.format(value)
+
+
+def _print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
+    try:
+        from rich.console import Console
+        from rich.table import Table
+    except ImportError:  # plain text fallback
+        print(title)
+        widths = [max(len(str(c)) for c in col) for col in zip(headers, *rows)]
+        for r in [headers, *rows]:
+            print("  ".join(str(c).rjust(w) for c, w in zip(r, widths)))
+        return
+    # never crop columns: when the terminal (or a pipe, 80 by default) is narrower, widen the console instead
+    width = sum(max(len(str(c)) for c in col) + 3 for col in zip(headers, *rows)) + 1
+    console = Console()
+    console = Console(width=max(console.width, width))
+    table = Table(title=title)
+    for h in headers:
+        table.add_column(h, justify="right")
+    for r in rows:
+        table.add_row(*r)
+    console.print(table)
+
+
+def _brief(run_dir: Path) -> list[str]:
+    """name, status, steps, last fresh reward, created: cheap, without reading every step."""
+    meta = read_meta(run_dir)
+    n, last = query_ro(run_dir, "SELECT COUNT(*), MAX(step) FROM steps")[0]
+    reward = query_ro(run_dir, "SELECT fresh_reward FROM steps WHERE step = ?", (last,))
+    return [meta.get("name", run_dir.name), meta.get("status", "?"), str(n),
+            _fmt(reward[0][0] if reward else None, "{:.3f}"), meta.get("created_at", "")[:19].replace("T", " ")]
+
+
+def cmd_runs_list(root: str = "runs") -> int:
+    """Print a table of the runs under `root`, newest first."""
+    runs = find_runs(root) if Path(root).exists() else []
+    if not runs:
+        print(f"no runs under {root}/")
+        return 0
+    _print_table(f"runs under {root}/", ["name", "status", "steps", "last fresh reward", "created (UTC)"],
+                 [_brief(d) for d in runs])
+    return 0
+
+
+def resolve_run(run: str, root: str = "runs") -> Path | None:
+    """A run given as a directory path, a directory name under root, or a run name stored in meta."""
+    for d in (Path(run), Path(root) / run):
+        if (d / DB_NAME).exists():
+            return d
+    if Path(root).exists():
+        for d in find_runs(root):
+            if read_meta(d).get("name") == run:
+                return d
+    return None
+
+
+def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
+    """Show one run: its config and a per-step table, or with as_json=True one JSON object on stdout.
+
+    The JSON object is read_run(run_dir), a stable interface:
+      run_dir  path of the run directory
+      meta     {schema_version, created_at, name, status, backend, bapo_vl_version, [finished_at, resumed_at]}
+      config   the full config as logged at creation
+      steps    [{step, time, bins, x1, x2, x3, batch_size, bad_size, high_size, c2, c3, r_tot, rollouts,
+                 fresh_reward, reward, loss, kl, entropy, clip_frac, t_generate, t_score, t_train, t_sync,
+                 ...any other metric the trainer logged}, ...] in step order; absent metrics are absent keys
+      summary  {n_steps, last_step, rollouts, fresh_reward_first, fresh_reward_last, steps_with_x2,
+                steps_with_x3, first_unsolved, later_solved, later_solved_fraction}
+    Returns 0, or 2 when the run is not found."""
+    run_dir = resolve_run(run, root)
+    if run_dir is None:
+        print(f"no run '{run}': not a run directory, nor a run under {root}/ (see `bapo runs list`)",
+              file=sys.stderr)
+        return 2
+    rec = read_run(run_dir)
+    if as_json:
+        print(json.dumps(rec, allow_nan=False))
+        return 0
+    meta, summary = rec["meta"], rec["summary"]
+    print(f"{meta.get('name')}  [{meta.get('status')}]  {run_dir}  backend={meta.get('backend')}  "
+          f"bapo-vl {meta.get('bapo_vl_version')}")
+    print("config:", json.dumps(rec["config"], indent=2))
+    _print_table("steps", [h for h, _, _ in SHOW_COLUMNS],
+                 [[_fmt(s.get(k), f) for _, k, f in SHOW_COLUMNS] for s in rec["steps"]])
+    print("summary:", ", ".join(f"{k}={_fmt(v, '{:.3f}' if isinstance(v, float) else '{}')}"
+                                for k, v in summary.items()))
+    return 0
