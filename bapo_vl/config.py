@@ -114,6 +114,13 @@ class Config:
 
     def __post_init__(self):
         self.c2_range, self.c3_range = tuple(self.c2_range), tuple(self.c3_range)
+        for f in dataclasses.fields(self):  # YAML reads 1e-6 as a string: coerce numbers by annotation
+            value = getattr(self, f.name)
+            if isinstance(value, (str, int)) and not isinstance(value, bool) and f.type.startswith("float"):
+                try:
+                    setattr(self, f.name, float(value))
+                except ValueError:
+                    raise ValueError(f"{f.name}={value!r} is not a number") from None
         checks = [
             (self.group_size >= 2, "group_size must be >= 2 (GRPO needs a group); set group_size=8"),
             (self.batch_size >= 1, "batch_size must be >= 1"),

@@ -33,6 +33,19 @@ def resolve_model(name: str) -> str:
     return name
 
 
+ADDITIVE = ("loss", "pg_loss", "kl", "entropy")  # micro-batch terms that add up to the mini-batch's
+
+
+def _combine(micro_metrics: list[dict]) -> dict:
+    """Mini-batch metrics: additive loss terms summed, per-token means (clip_frac, ...) token-weighted."""
+    n = sum(m["n_valid_tokens"] for m in micro_metrics) or 1
+    out = {k: sum(m[k] for m in micro_metrics) for k in ADDITIVE}
+    for k in micro_metrics[0]:
+        if k not in ADDITIVE and k != "n_valid_tokens":
+            out[k] = sum(m[k] * m["n_valid_tokens"] for m in micro_metrics) / n
+    return out
+
+
 def _chunks(items, size):
     for i in range(0, len(items), size):
         yield items[i:i + size]
@@ -67,6 +80,10 @@ class EmbeddedBackend:
         gen_cfg = getattr(self.policy, "generation_config", None)
         eos = gen_cfg.eos_token_id if gen_cfg is not None and gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
         self.eos_ids = set(eos if isinstance(eos, list) else [eos])
+        # A sampled image/video placeholder in a response would break re-scoring (image tokens vs features).
+        model_cfg = self.policy.config
+        self.suppress = [i for i in (getattr(model_cfg, "image_token_id", None), getattr(model_cfg, "video_token_id", None))
+                         if i is not None] or None
         self.loss_cfg = LossConfig(name=cfg.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                    dual_clip=cfg.dual_clip, agg=cfg.loss_agg, kl_coef=cfg.kl_coef,
                                    entropy_coef=cfg.entropy_coef)
@@ -143,7 +160,7 @@ class EmbeddedBackend:
                 out = model.generate(**batch, do_sample=True, temperature=self.cfg.temperature,
                                      top_p=self.cfg.top_p, top_k=self.cfg.top_k if self.cfg.top_k > 0 else None,
                                      max_new_tokens=self.cfg.max_response_length, pad_token_id=self.pad_id,
-                                     eos_token_id=list(self.eos_ids))
+                                     eos_token_id=list(self.eos_ids), suppress_tokens=self.suppress)
             for row in out[:, P:].tolist():
                 end = next((i + 1 for i, t in enumerate(row) if t in self.eos_ids), len(row))
                 tokens.append(row[:max(end, 1)])
@@ -189,12 +206,11 @@ class EmbeddedBackend:
         responses = [s["tokens"] for s in sequences]
         ref = self.score(self.ref, prompts, responses) if self.ref is not None else None
         behaviour = [s["logprobs"] for s in sequences]
-        old, is_w = behaviour, None
+        old = behaviour
         if cfg.tis_threshold is not None:  # [code]: ratio against the proximal policy, truncated IS to alpha
             old = self.score(self.policy, prompts, responses)
         groups = sorted({s["group"] for s in sequences})
-        totals: dict[str, float] = {}
-        n_micro = 0
+        per_mini: list[dict] = []
         for _ in range(cfg.epochs):
             self.rng.shuffle(groups)
             for mini in _chunks(groups, cfg.mini_batch_size):
@@ -202,16 +218,13 @@ class EmbeddedBackend:
                 idx = [i for i, s in enumerate(sequences) if s["group"] in members]
                 n_tokens = sum(len(responses[i]) for i in idx)
                 self.optimizer.zero_grad(set_to_none=True)
-                for micro in _chunks(idx, cfg.micro_batch_size):
-                    metrics = self._backward(micro, prompts, responses, old, behaviour, ref, sequences,
-                                             n_tokens, len(idx))
-                    for k, v in metrics.items():
-                        totals[k] = totals.get(k, 0.0) + v
-                    n_micro += 1
+                micro_metrics = [self._backward(micro, prompts, responses, old, behaviour, ref, sequences,
+                                                n_tokens, len(idx))
+                                 for micro in _chunks(idx, cfg.micro_batch_size)]
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
-                totals["grad_norm"] = totals.get("grad_norm", 0.0) + float(grad_norm) * len(idx) / cfg.micro_batch_size
                 self.optimizer.step()
-        return {k: v / max(n_micro, 1) for k, v in totals.items()}
+                per_mini.append(_combine(micro_metrics) | {"grad_norm": float(grad_norm)})
+        return {k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]} if per_mini else {}
 
     def _backward(self, micro, prompts, responses, old, behaviour, ref, sequences, n_tokens, n_seqs) -> dict:
         R = max(len(responses[i]) for i in micro)

@@ -1,0 +1,386 @@
+"""Losses for RL with verifiable rewards: GRPO advantages, policy-loss variants, KL, entropy, aggregation.
+
+Backend-free (torch only). Shapes: B sequences, T response tokens, V vocabulary; `mask` (B, T) is 1 on valid
+response tokens and 0 on padding. Policy-loss variants live behind a registry (`@register_policy_loss`), in the
+manner of verl's `core_algos`; `total_loss` puts one together with the KL and entropy terms.
+
+Ratio convention (SPEC 2.9): ρ = exp(logp − old_logp), where `old_logp` are the STORED log-probs of whichever
+policy produced the sample (α for fresh samples, π_θt for re-evaluated ones, the historical α_B for replayed ones).
+For the authors' token-level truncated IS, pass the proximal (recomputed) log-probs as `old_logp` and
+`is_weights=truncated_is_weights(prox_logp, behaviour_logp)` to `total_loss`.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+LOG_RATIO_CLAMP = 20.0  # |log ρ| and |log(π_ref/π)| are clamped to this before exp, for stability
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Advantages
+# ---------------------------------------------------------------------------------------------------------------
+def grpo_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+    """GRPO advantage (paper eq. 2): A_j = (r_j − mean(r)) / sqrt(std²(r) + ε), per group.
+
+    `rewards` (n_groups, G) -> advantages (n_groups, G). std is the unbiased one (as verl, torch.std);
+    a group of one response (G == 1) has no baseline and gets 0.
+    """
+    r = rewards.to(torch.promote_types(rewards.dtype, torch.float32))  # (n_groups, G)
+    if r.shape[-1] < 2:
+        return torch.zeros_like(r)
+    mean = r.mean(dim=-1, keepdim=True)  # (n_groups, 1)
+    std = r.std(dim=-1, keepdim=True)  # (n_groups, 1), unbiased
+    return (r - mean) / torch.sqrt(std**2 + eps)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Configuration
+# ---------------------------------------------------------------------------------------------------------------
+AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+
+
+@dataclass
+class LossConfig:
+    name: str = "ppo_clip"
+    """registered policy loss (see `policy_loss_names()`): ppo_clip | gspo | balanced_clip"""
+    clip_low: float = 0.2
+    """ε_low: the ratio's lower bound is 1 − ε_low (ppo_clip, gspo; GSPO's paper uses 3e-4)"""
+    clip_high: float = 0.2
+    """ε_high: the ratio's upper bound is 1 + ε_high (DAPO clip-higher: 0.28; GSPO's paper uses 4e-4)"""
+    dual_clip: float | None = None
+    """c of dual-clip PPO: the loss of a negative-advantage token is capped at −A·c (e.g. 3.0); None = off"""
+    agg: str = "token-mean"
+    """loss aggregation: token-mean (DAPO) | seq-mean-token-mean (original GRPO) | seq-mean-token-sum"""
+    kl_coef: float = 0.001
+    """β: weight of the k3 estimate of KL(π_θ ‖ π_ref)"""
+    entropy_coef: float = 0.001
+    """weight of the entropy bonus (subtracted from the loss)"""
+    bac_clip_low_range: tuple[float, float] = (0.6, 0.9)
+    """balanced_clip: [a⁻, b⁻], range of c_low, a bound on the ratio itself (not an ε)"""
+    bac_clip_high_range: tuple[float, float] = (1.2, 3.0)
+    """balanced_clip: [a⁺, b⁺], range of c_high, a bound on the ratio itself"""
+    bac_target: float = 0.5
+    """balanced_clip: ρ0, target share pos / (pos + neg) of the positive-advantage tokens"""
+    bac_step: float = 0.05
+    """balanced_clip: step by which c_low, then c_high, is raised"""
+    bac_dual_clip: float = 3.0
+    """balanced_clip: dual-clip c for negative advantages"""
+    bac_reduce: Callable[[Tensor], Tensor] | None = field(default=None, repr=False, compare=False)
+    """balanced_clip: sums pos/neg statistics across data-parallel ranks (see `all_reduce_sum`); None = local only"""
+
+    def __post_init__(self):
+        if self.agg not in AGG_MODES:
+            raise ValueError(f"LossConfig.agg={self.agg!r} is unknown; use one of {', '.join(AGG_MODES)}")
+        self.bac_clip_low_range = tuple(float(x) for x in self.bac_clip_low_range)
+        self.bac_clip_high_range = tuple(float(x) for x in self.bac_clip_high_range)
+        for fname in ("bac_clip_low_range", "bac_clip_high_range"):
+            lo, hi = getattr(self, fname)
+            if not lo <= hi:
+                raise ValueError(f"LossConfig.{fname}=({lo}, {hi}): the low end must not exceed the high end")
+        if self.bac_step <= 0:
+            raise ValueError(f"LossConfig.bac_step={self.bac_step} must be > 0")
+        for fname in ("dual_clip", "bac_dual_clip"):
+            c = getattr(self, fname)
+            if c is not None and c <= 1.0:
+                raise ValueError(f"LossConfig.{fname}={c} must be > 1 (3.0 is usual), or None to turn it off")
+        if self.clip_low < 0 or self.clip_high < 0:
+            raise ValueError("LossConfig.clip_low / clip_high are ε values and must be >= 0 (e.g. 0.2 / 0.28)")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Policy-loss registry
+# ---------------------------------------------------------------------------------------------------------------
+PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, dict[str, float]]]
+"""(logp (B,T), old_logp (B,T), adv (B,T), mask (B,T), cfg) -> (per-token loss (B,T), metrics of python floats)"""
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {}
+
+
+def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
+    """Decorator registering a policy loss under `name`."""
+
+    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
+        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
+            raise ValueError(f"policy loss {name!r} is already registered ({POLICY_LOSSES[name].__qualname__})")
+        POLICY_LOSSES[name] = fn
+        return fn
+
+    return decorator
+
+
+def policy_loss_names() -> list[str]:
+    return sorted(POLICY_LOSSES)
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    """The registered policy loss `name`; an unknown name raises ValueError listing the known ones."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; known: {', '.join(policy_loss_names())}")
+    return POLICY_LOSSES[name]
+
+
+def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def _floats(**scalars: Tensor) -> dict[str, float]:
+    """Tensors -> python floats with one device sync."""
+    values = torch.stack([s.detach().float() for s in scalars.values()]).tolist()
+    return dict(zip(scalars, values))
+
+
+def _clipped_surrogate(
+    ratio: Tensor, adv: Tensor, mask: Tensor, c_low: float, c_high: float, dual_c: float | None
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO loss max(−A·ρ, −A·clip(ρ, c_low, c_high)), optionally capped at −A·c for A < 0 (dual clip).
+
+    Bounds are on the ratio itself. clip_frac counts the valid tokens whose gradient the clip removed (either
+    branch); clip_frac_dual the part due to the dual clip.
+    """
+    pg_loss1 = -adv * ratio  # (B, T)
+    pg_loss2 = -adv * ratio.clamp(c_low, c_high)  # (B, T)
+    loss = torch.maximum(pg_loss1, pg_loss2)  # (B, T)
+    clipped = pg_loss2 > pg_loss1  # (B, T)
+    dual = torch.zeros_like(clipped)
+    if dual_c is not None:
+        pg_loss3 = -adv * dual_c  # (B, T)
+        dual = (adv < 0) & (loss > pg_loss3)
+        loss = torch.where(dual, pg_loss3, loss)
+    m = mask.to(ratio.dtype)
+    return loss, dict(
+        clip_frac=_masked_mean((clipped | dual).to(m.dtype), m),
+        clip_frac_dual=_masked_mean(dual.to(m.dtype), m),
+        ratio_mean=_masked_mean(ratio.detach(), m),
+    )
+
+
+def _log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
+    return (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
+
+
+@register_policy_loss("ppo_clip")
+def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
+    """Token-level PPO clip (paper eq. 1, DAPO clip-higher via ε_low ≠ ε_high), ρ = exp(logp − old_logp)."""
+    logratio = _log_ratio(logp, old_logp)  # (B, T)
+    loss, metrics = _clipped_surrogate(
+        logratio.exp(), adv, mask, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high, cfg.dual_clip
+    )
+    metrics["ppo_kl"] = _masked_mean(-logratio.detach(), mask.to(logratio.dtype))
+    return loss, _floats(**metrics)
+
+
+@register_policy_loss("gspo")
+def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
+    """GSPO: sequence ratio s_i = exp(mean over valid tokens of (logp − old_logp)), clipped per sequence.
+
+    Written in the GSPO-token form s_i,t = sg[s_i]·π_θ(y_t)/sg[π_θ(y_t)]: its value is s_i at every token, and with
+    one advantage per sequence its gradient equals GSPO's. Use agg="seq-mean-token-mean" for the paper's
+    per-sequence average, and set clip_low/clip_high to the paper's 3e-4/4e-4.
+    """
+    m = mask.to(logp.dtype)
+    logratio = _log_ratio(logp, old_logp)  # (B, T)
+    seq_logratio = (logratio * m).sum(-1) / m.sum(-1).clamp(min=1)  # (B,)
+    log_s = (logp - logp.detach() + seq_logratio.detach().unsqueeze(-1)).clamp(max=LOG_RATIO_CLAMP)  # (B, T)
+    loss, metrics = _clipped_surrogate(log_s.exp(), adv, mask, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high, None)
+    metrics["ppo_kl"] = _masked_mean(-logratio.detach(), m)
+    return loss, _floats(**metrics)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Balanced adaptive clipping (SPEC section 6; the *other* BAPO, Xi et al. 2025)
+# ---------------------------------------------------------------------------------------------------------------
+def _bound_grid(lo: float, hi: float, step: float) -> list[float]:
+    """lo, lo+step, ... capped at hi (the last value is exactly hi)."""
+    n = math.ceil(round((hi - lo) / step, 9))
+    return [round(min(lo + k * step, hi), 10) for k in range(n + 1)]
+
+
+def balanced_clip_stats(ratio: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig) -> Tensor:
+    """Candidate sums, computed without grad, concatenated: (neg(c_low) for each c_low, pos(c_high) for each c_high).
+
+    neg(c) = Σ |max(ρ, c)·A⁻|, pos(c) = Σ min(ρ, c)·A⁺ over valid tokens. Sums, so they add across ranks.
+    """
+    c_lows = _bound_grid(*cfg.bac_clip_low_range, cfg.bac_step)
+    c_highs = _bound_grid(*cfg.bac_clip_high_range, cfg.bac_step)
+    with torch.no_grad():
+        dtype = torch.promote_types(ratio.dtype, torch.float32)
+        valid = mask > 0
+        r = ratio.detach()[valid].to(dtype)  # (N,)
+        a = adv.detach()[valid].to(dtype)  # (N,)
+        a_pos, a_neg = a.clamp(min=0), (-a).clamp(min=0)  # (N,)
+        cl = torch.tensor(c_lows, dtype=dtype, device=r.device)[:, None]  # (K_low, 1)
+        ch = torch.tensor(c_highs, dtype=dtype, device=r.device)[:, None]  # (K_high, 1)
+        neg = (torch.maximum(r, cl) * a_neg).sum(-1)  # (K_low,)
+        pos = (torch.minimum(r, ch) * a_pos).sum(-1)  # (K_high,)
+        return torch.cat([neg, pos])  # (K_low + K_high,)
+
+
+def choose_balanced_bounds(stats: list[float], cfg: LossConfig) -> tuple[float, float, float]:
+    """Walk c_low up from a⁻ to b⁻ (c_high = a⁺), then c_high up from a⁺ to b⁺ (c_low = b⁻), stopping at the first
+    (c_low, c_high) with pos / (pos + neg) >= ρ0. Returns (c_low, c_high, share); share is 1 when pos + neg = 0."""
+    c_lows = _bound_grid(*cfg.bac_clip_low_range, cfg.bac_step)
+    c_highs = _bound_grid(*cfg.bac_clip_high_range, cfg.bac_step)
+    neg, pos = stats[: len(c_lows)], stats[len(c_lows):]
+    path = [(i, 0) for i in range(len(c_lows))] + [(len(c_lows) - 1, j) for j in range(1, len(c_highs))]
+    for i, j in path:
+        total = pos[j] + neg[i]
+        share = pos[j] / total if total > 0 else 1.0
+        if share >= cfg.bac_target:
+            break
+    return c_lows[i], c_highs[j], share
+
+
+@register_policy_loss("balanced_clip")
+def balanced_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
+    """BAPO adaptive clipping: choose [c_low, c_high] so positive tokens keep a share ρ0 of the (clipped) objective,
+    then PPO clip with those ratio bounds and dual clip c = bac_dual_clip for negative advantages.
+
+    The bounds are chosen per call, i.e. per micro-batch: with gradient accumulation, micro-batches of one
+    mini-batch may get different bounds. Under data parallelism set `cfg.bac_reduce` (e.g. `all_reduce_sum()`) so
+    that pos/neg are summed over ranks and every rank picks the same bounds; the hook is called exactly once per
+    call, on every rank, with a 1-D tensor of candidate sums, and must return their sum over ranks.
+    """
+    ratio = _log_ratio(logp, old_logp).exp()  # (B, T)
+    stats = balanced_clip_stats(ratio, adv, mask, cfg)  # (K_low + K_high,)
+    if cfg.bac_reduce is not None:
+        stats = cfg.bac_reduce(stats)
+    c_low, c_high, share = choose_balanced_bounds(stats.tolist(), cfg)
+    loss, metrics = _clipped_surrogate(ratio, adv, mask, c_low, c_high, cfg.bac_dual_clip)
+    return loss, {**_floats(**metrics), "bac_clip_low": c_low, "bac_clip_high": c_high, "bac_pos_share": share}
+
+
+def all_reduce_sum(group=None) -> Callable[[Tensor], Tensor]:
+    """A `bac_reduce` hook summing over the ranks of `group` with torch.distributed (in place, returns the tensor)."""
+
+    def reduce(t: Tensor) -> Tensor:
+        torch.distributed.all_reduce(t, op=torch.distributed.ReduceOp.SUM, group=group)
+        return t
+
+    return reduce
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# KL, entropy, importance weights
+# ---------------------------------------------------------------------------------------------------------------
+def kl_k3(logp: Tensor, ref_logp: Tensor) -> Tensor:
+    """Per-token k3 estimate of KL(π_θ ‖ π_ref): exp(ref − logp) − (ref − logp) − 1 >= 0. (B, T) -> (B, T)"""
+    logr = (ref_logp - logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
+    return logr.exp() - logr - 1
+
+
+def entropy_from_logits(logits: Tensor, chunk_size: int = 1024) -> Tensor:
+    """Entropy of softmax(logits): H = logsumexp(z) − Σ softmax(z)·z. (B, T, V) -> (B, T), float32 or wider.
+
+    Rows are processed `chunk_size` at a time (in float32), so without grad the temporaries are one chunk's, never a
+    full (B, T, V) softmax copy.
+    """
+    out_dtype = torch.promote_types(logits.dtype, torch.float32)
+    flat = logits.reshape(-1, logits.shape[-1])  # (B*T, V)
+    parts = []
+    for z in flat.split(chunk_size):
+        z = z.to(out_dtype)  # (n, V)
+        z = z - z.max(dim=-1, keepdim=True).values.detach()  # H is shift-invariant; keeps lse − Σp·z exact
+        lse = torch.logsumexp(z, dim=-1)  # (n,)
+        p = torch.softmax(z, dim=-1)  # (n, V)
+        parts.append(lse - (p * z).sum(-1))  # (n,)
+    if not parts:
+        return flat.new_zeros(logits.shape[:-1], dtype=out_dtype)
+    return torch.cat(parts).reshape(logits.shape[:-1])  # (B, T)
+
+
+def truncated_is_weights(prox_logp: Tensor, behaviour_logp: Tensor, threshold: float = 3.0) -> Tensor:
+    """Token-level truncated IS weight min(π_prox / π_behaviour, threshold), detached. (B, T) -> (B, T)"""
+    with torch.no_grad():
+        return torch.exp((prox_logp - behaviour_logp).clamp(max=math.log(threshold)))
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Aggregation and the total loss
+# ---------------------------------------------------------------------------------------------------------------
+def aggregate(
+    per_token: Tensor,
+    mask: Tensor,
+    mode: str,
+    n_tokens: int | float | None = None,
+    n_seqs: int | None = None,
+) -> Tensor:
+    """Reduce a (B, T) per-token loss to a scalar.
+
+    token-mean: Σ loss·mask / n_tokens (default: mask.sum()); seq-mean-token-mean: Σ_seqs (masked token mean) / n_seqs
+    (default B); seq-mean-token-sum: Σ_seqs (masked token sum) / n_seqs. With gradient accumulation pass the
+    mini-batch's n_tokens / n_seqs, so that the micro-batch losses add up to the mini-batch loss.
+    """
+    if mode not in _AGGREGATORS:
+        raise ValueError(f"unknown aggregation {mode!r}; known: {', '.join(AGG_MODES)}")
+    m = mask.to(per_token.dtype)
+    masked = torch.where(m > 0, per_token, torch.zeros_like(per_token)) * m  # (B, T); padding NaN/inf cannot leak
+    return _AGGREGATORS[mode](masked, m, n_tokens, n_seqs)
+
+
+def _token_mean(masked: Tensor, m: Tensor, n_tokens, n_seqs) -> Tensor:
+    denom = m.sum().clamp(min=1) if n_tokens is None else n_tokens
+    return masked.sum() / denom
+
+
+def _seq_mean_token_mean(masked: Tensor, m: Tensor, n_tokens, n_seqs) -> Tensor:
+    seq = masked.sum(-1) / m.sum(-1).clamp(min=1)  # (B,)
+    return seq.sum() / (masked.shape[0] if n_seqs is None else n_seqs)
+
+
+def _seq_mean_token_sum(masked: Tensor, m: Tensor, n_tokens, n_seqs) -> Tensor:
+    return masked.sum(-1).sum() / (masked.shape[0] if n_seqs is None else n_seqs)
+
+
+_AGGREGATORS = {
+    "token-mean": _token_mean,
+    "seq-mean-token-mean": _seq_mean_token_mean,
+    "seq-mean-token-sum": _seq_mean_token_sum,
+}
+assert tuple(_AGGREGATORS) == AGG_MODES
+
+
+def total_loss(
+    logp: Tensor,
+    old_logp: Tensor,
+    adv: Tensor,
+    mask: Tensor,
+    cfg: LossConfig,
+    ref_logp: Tensor | None = None,
+    entropy: Tensor | None = None,
+    is_weights: Tensor | None = None,
+    n_tokens: int | float | None = None,
+    n_seqs: int | None = None,
+) -> tuple[Tensor, dict[str, float]]:
+    """loss = agg(pg·w) + β·agg(k3) − entropy_coef·agg(H), each aggregated with cfg.agg. All inputs (B, T).
+
+    pg comes from the registered policy loss `cfg.name`; w = is_weights (detached) if given. The KL term is added
+    when ref_logp is given and β > 0, the entropy term when entropy is given. Metrics (python floats): pg_loss, kl,
+    entropy, loss — the aggregated terms as they enter this call's loss (0.0 for a term not given), so with the
+    mini-batch's n_tokens/n_seqs they add up over micro-batches — and the policy loss's own metrics (clip_frac,
+    ratio_mean, ...), which are means over this call's valid tokens; n_valid_tokens weights those.
+    """
+    pg_token, metrics = get_policy_loss(cfg.name)(logp, old_logp, adv, mask, cfg)  # (B, T)
+    if is_weights is not None:
+        pg_token = pg_token * is_weights.detach()
+    agg = lambda x: aggregate(x, mask, cfg.agg, n_tokens=n_tokens, n_seqs=n_seqs)  # noqa: E731
+    pg_loss = agg(pg_token)
+    loss = pg_loss
+    zero = pg_loss.detach() * 0
+    kl = zero
+    if ref_logp is not None:
+        if cfg.kl_coef > 0:
+            kl = agg(kl_k3(logp, ref_logp))
+            loss = loss + cfg.kl_coef * kl
+        else:
+            kl = agg(kl_k3(logp.detach(), ref_logp))
+    ent = zero
+    if entropy is not None:
+        ent = agg(entropy) if cfg.entropy_coef != 0 else agg(entropy.detach())
+        loss = loss - cfg.entropy_coef * ent
+    metrics.update(_floats(pg_loss=pg_loss, kl=kl, entropy=ent, loss=loss, n_valid_tokens=(mask > 0).sum()))
+    return loss, metrics
