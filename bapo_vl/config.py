@@ -27,6 +27,8 @@ class Config:
     """runs are written to run_dir/name"""
     name: str | None = None
     """run name; default: <algo>-<task>-<timestamp>"""
+    resume: str | None = None
+    """a run directory to continue from its latest checkpoint (model, optimizer, buffers, data position)"""
     seed: int = 42
     steps: int = 100
     """training steps T"""
@@ -115,12 +117,15 @@ class Config:
     def __post_init__(self):
         self.c2_range, self.c3_range = tuple(self.c2_range), tuple(self.c3_range)
         for f in dataclasses.fields(self):  # YAML reads 1e-6 as a string: coerce numbers by annotation
-            value = getattr(self, f.name)
-            if isinstance(value, (str, int)) and not isinstance(value, bool) and f.type.startswith("float"):
+            value, kind = getattr(self, f.name), f.type.split(" ")[0]
+            if kind in ("int", "float") and isinstance(value, (str, int, float)) and not isinstance(value, bool):
                 try:
-                    setattr(self, f.name, float(value))
+                    number = float(value) if kind == "float" else int(value)
                 except ValueError:
-                    raise ValueError(f"{f.name}={value!r} is not a number") from None
+                    raise ValueError(f"{f.name}={value!r} is not {'a number' if kind == 'float' else 'an integer'}") from None
+                if kind == "int" and number != float(value):
+                    raise ValueError(f"{f.name}={value!r} is not an integer")
+                setattr(self, f.name, number)
         checks = [
             (self.group_size >= 2, "group_size must be >= 2 (GRPO needs a group); set group_size=8"),
             (self.batch_size >= 1, "batch_size must be >= 1"),

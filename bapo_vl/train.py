@@ -1,7 +1,6 @@
 """`bapo train`: load the task and the backend, run the steps, write the run record and checkpoints."""
 from __future__ import annotations
 
-import json
 import logging
 import time
 from pathlib import Path
@@ -51,21 +50,37 @@ def save_checkpoint(trainer: Trainer, run_dir: Path, step: int):
     return path
 
 
-def train(cfg: Config, quiet: bool = False) -> Path:
-    task = get_task(cfg.task, cfg.tasks_dirs)
-    problems = task.load(split="train", **cfg.task_options)
-    backend = make_backend(cfg)
-    trainer = Trainer(cfg, backend, task, problems)
+def open_run(cfg: Config, trainer: Trainer, problems) -> tuple[Path, RunRecord, int]:
+    """A new run directory and record, or (resume=RUN_DIR) the old one restored to its latest checkpoint;
+    steps recorded after that checkpoint are dropped, since they are trained again."""
+    if cfg.resume:
+        run_dir = Path(cfg.resume)
+        latest = run_dir / "checkpoints" / "latest"
+        if not latest.is_file():
+            raise FileNotFoundError(f"resume={run_dir}: no checkpoint there ({latest} is missing)")
+        start = int(latest.read_text())
+        trainer.load_state_dict(torch.load(run_dir / "checkpoints" / f"step_{start}" / "state.pt", weights_only=False))
+        record = RunRecord.open(run_dir, truncate_after=start, sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
+        return run_dir, record, start
     name = cfg.name or f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.run_dir) / name
     record = RunRecord.create(run_dir, cfg.to_dict(), name=name, backend="embedded",
                               sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
     record.log_problems(problems)
+    return run_dir, record, 0
+
+
+def train(cfg: Config, quiet: bool = False) -> Path:
+    task = get_task(cfg.task, cfg.tasks_dirs)
+    problems = task.load(split="train", **cfg.task_options)
+    backend = make_backend(cfg)
+    trainer = Trainer(cfg, backend, task, problems)
+    run_dir, record, start = open_run(cfg, trainer, problems)
     status = "failed"
     try:
         with _progress(cfg.steps) as progress:
-            bar = progress.add_task("train", total=cfg.steps, info="", visible=not quiet)
-            for t in range(1, cfg.steps + 1):
+            bar = progress.add_task("train", total=cfg.steps, completed=start, info="", visible=not quiet)
+            for t in range(start + 1, cfg.steps + 1):
                 result = trainer.step(t)
                 m = result.metrics
                 rows, samples = record_rows(result, cfg.log_samples)
@@ -76,7 +91,8 @@ def train(cfg: Config, quiet: bool = False) -> Path:
                     f"B_bad {m['bad_size']} B_high {m['high_size']}"))
                 if cfg.save_every and t % cfg.save_every == 0:
                     save_checkpoint(trainer, run_dir, t)
-        save_checkpoint(trainer, run_dir, cfg.steps)
+        if start < cfg.steps:
+            save_checkpoint(trainer, run_dir, cfg.steps)
         backend.save_pretrained(run_dir / "final")
         status = "finished"
     finally:

@@ -37,14 +37,16 @@ class PromptSampler:
         return order
 
     def next(self, k: int) -> list[Problem]:
-        out = []
-        while len(out) < min(k, len(self.problems)):
-            if self.pos == len(self._order):
+        """k distinct problems (fewer if the data set is smaller)."""
+        taken: list[int] = []
+        while len(taken) < min(k, len(self.problems)):
+            if self.pos == len(self._order):  # new epoch; what this batch already has goes last
                 self.epoch, self.pos = self.epoch + 1, 0
-                self._order = self._permutation()
-            out.append(self.problems[self._order[self.pos]])
+                order = self._permutation()
+                self._order = [i for i in order if i not in taken] + [i for i in order if i in taken]
+            taken.append(self._order[self.pos])
             self.pos += 1
-        return out
+        return [self.problems[i] for i in taken]
 
     def state_dict(self):
         return {"epoch": self.epoch, "pos": self.pos}
@@ -143,9 +145,10 @@ class Trainer:
                 self.state.high.add(g)
         self.state.high.evict_older_than(step)
 
-    def revisit(self, step: int, exclude: set) -> tuple[list[Group], list[Group]]:
+    def revisit(self, step: int, exclude: set, room: int) -> tuple[list[Group], list[Group]]:
         """Step 5 (X2): every m steps, re-generate up to `reeval_max` B_bad prompts with the current policy
-        and promote those now partly solved. Returns (all re-evaluated, promoted)."""
+        and promote those now partly solved, at most `room` of them so the batch never exceeds B (the others
+        stay in B_bad). Returns (all re-evaluated, promoted)."""
         cfg = self.cfg
         if not cfg.use_x2 or step % cfg.reeval_every != 0 or not len(self.state.bad):
             return [], []
@@ -154,6 +157,7 @@ class Trainer:
             return [], []
         new = self.rollout([g.problem for g in old], step, "current", "x2")
         promoted = [n for n, o in zip(new, old) if is_promoted(n, o, self.state.thresholds.c1, cfg.promote)]
+        promoted = promoted[:max(room, 0)]
         self.state.bad.remove(g.uid for g in promoted)
         return new, promoted
 
@@ -193,7 +197,7 @@ class Trainer:
         fresh, x1 = self.fresh_groups(t)  # 2, 4
         self.store(fresh, t)  # 3
         in_batch = {g.uid for g in x1}
-        reevaluated, x2 = self.revisit(t, exclude=in_batch)  # 5
+        reevaluated, x2 = self.revisit(t, exclude=in_batch, room=cfg.batch_size - len(x1))  # 5
         in_batch |= {g.uid for g in x2}
         x3 = self.replay(cfg.batch_size - len(x1) - len(x2), exclude=in_batch)  # 6
         batch = x1 + x2 + x3  # 7

@@ -10,17 +10,18 @@ batch's longest, so every response starts at the same column P and `logits_to_ke
 from __future__ import annotations
 
 import copy
+import logging
 import random
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
+from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from bapo_vl.losses import LossConfig, entropy_from_logits, total_loss, truncated_is_weights
 from bapo_vl.problem import Problem
 
+log = logging.getLogger(__name__)
 POLICY_DIR = Path(__file__).resolve().parent.parent / "policy"
 
 
@@ -84,6 +85,20 @@ class EmbeddedBackend:
         model_cfg = self.policy.config
         self.suppress = [i for i in (getattr(model_cfg, "image_token_id", None), getattr(model_cfg, "video_token_id", None))
                          if i is not None] or None
+        # A complete sampling config, so nothing from the model's generation_config.json (repetition_penalty,
+        # ...) changes the distribution: the stored log-probs must be those of what was sampled.
+        self.sampling = GenerationConfig(
+            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=max(cfg.top_k, 0),
+            max_new_tokens=cfg.max_response_length, pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
+            suppress_tokens=self.suppress)
+        # generate() fills fields left at their global default from model.generation_config, so the model's
+        # own config is swapped out while training (and restored when saving).
+        self.model_generation_config = self.policy.generation_config
+        for model in {id(m): m for m in (self.policy, self.rollout, self.ref) if m is not None}.values():
+            model.generation_config = self.sampling
+        if cfg.top_p < 1 or cfg.top_k > 0:
+            log.warning("top_p/top_k truncate sampling, but behaviour log-probs are those of the full "
+                        "temperature-scaled distribution (the paper uses top_p=1, top_k=-1)")
         self.loss_cfg = LossConfig(name=cfg.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                                    dual_clip=cfg.dual_clip, agg=cfg.loss_agg, kl_coef=cfg.kl_coef,
                                    entropy_coef=cfg.entropy_coef)
@@ -157,10 +172,7 @@ class EmbeddedBackend:
             P = batch.pop("P")
             batch.pop("position_ids", None)  # generate derives positions from the mask
             with self._autocast():
-                out = model.generate(**batch, do_sample=True, temperature=self.cfg.temperature,
-                                     top_p=self.cfg.top_p, top_k=self.cfg.top_k if self.cfg.top_k > 0 else None,
-                                     max_new_tokens=self.cfg.max_response_length, pad_token_id=self.pad_id,
-                                     eos_token_id=list(self.eos_ids), suppress_tokens=self.suppress)
+                out = model.generate(**batch, generation_config=self.sampling)
             for row in out[:, P:].tolist():
                 end = next((i + 1 for i, t in enumerate(row) if t in self.eos_ids), len(row))
                 tokens.append(row[:max(end, 1)])
@@ -247,7 +259,11 @@ class EmbeddedBackend:
 
     def save_pretrained(self, path):
         """The trainer policy in Hugging Face format (loadable by transformers and vLLM)."""
-        self.policy.save_pretrained(path)
+        self.policy.generation_config = self.model_generation_config
+        try:
+            self.policy.save_pretrained(path)
+        finally:
+            self.policy.generation_config = self.sampling
         (self.processor or self.tokenizer).save_pretrained(path)
 
     def state_dict(self) -> dict:

@@ -1,0 +1,61 @@
+"""The `bapo` command line on the default (tiny) preset: every algorithm preset runs, runs are listed and shown."""
+import json
+
+import pytest
+
+from bapo_vl.cli import main
+
+SMALL = ["steps=2", "batch_size=4", "group_size=4", "max_response_length=24", "reeval_every=1", "delay=2"]
+
+
+@pytest.mark.parametrize("algo", ["bapo", "grpo", "dapo", "mini_test"])
+def test_train_runs_each_algorithm_on_the_default_preset(tmp_path, capsys, algo):
+    assert main(["train", "--quiet", f"algo={algo}", f"run_dir={tmp_path}", f"name={algo}", *SMALL]) == 0
+    capsys.readouterr()
+    assert main(["runs", "show", algo, "--root", str(tmp_path), "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert run["config"]["algo"] == algo
+    assert [s["step"] for s in run["steps"]] == [1, 2]
+    assert run["meta"]["status"] == "finished"
+    step = run["steps"][0]
+    for key in ("x1", "x2", "x3", "batch_size", "bins", "bad_size", "high_size", "c2", "c3", "r_tot", "rollouts",
+                "fresh_reward", "t_generate", "t_score", "t_train", "t_sync"):
+        assert key in step, key
+    assert sum(step["bins"]) * 4 == step["rollouts_fresh"]  # every fresh group lands in one bin
+    if algo == "grpo":
+        assert all(s["x2"] == 0 and s["x3"] == 0 for s in run["steps"])
+
+
+def test_runs_list_and_unknown_run(tmp_path, capsys):
+    assert main(["train", "--quiet", f"run_dir={tmp_path}", "name=one", *SMALL]) == 0
+    capsys.readouterr()
+    assert main(["runs", "--root", str(tmp_path)]) == 0
+    assert "one" in capsys.readouterr().out
+    assert main(["runs", "show", "nope", "--root", str(tmp_path)]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+def test_bad_override_is_a_clear_error(tmp_path, capsys):
+    assert main(["train", f"run_dir={tmp_path}", "lerning_rate=1"]) == 2
+    assert "unknown config key 'lerning_rate'" in capsys.readouterr().err
+
+
+def test_tasks_lists_bundled_plugins(capsys):
+    assert main(["tasks"]) == 0
+    out = capsys.readouterr().out
+    assert "countdown" in out and "geometry3k" in out
+
+
+def test_resume_continues_from_the_latest_checkpoint(tmp_path, capsys):
+    assert main(["train", "--quiet", f"run_dir={tmp_path}", "name=r", *SMALL]) == 0
+    run_dir = tmp_path / "r"
+    assert (run_dir / "checkpoints" / "step_2" / "state.pt").is_file()
+    assert main(["train", "--quiet", f"resume={run_dir}", *SMALL[1:], "steps=3"]) == 0
+    capsys.readouterr()
+    assert main(["runs", "show", str(run_dir), "--json"]) == 0
+    run = json.loads(capsys.readouterr().out)
+    assert [s["step"] for s in run["steps"]] == [1, 2, 3]
+    before, after = run["steps"][1]["policy_version"], run["steps"][2]["policy_version"]
+    assert after - before in (0, 1)  # the update counter was restored, not restarted at 0
+    assert before == 0 or after > 0
+    assert run["meta"]["status"] == "finished"
