@@ -18,9 +18,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable
 
-BUNDLED = Path(__file__).resolve().parent.parent / "tasks"
-if not BUNDLED.is_dir():  # installed (non-editable): tasks/ is the package bapo_vl.tasks
-    BUNDLED = Path(importlib.import_module("bapo_vl.tasks").__file__).parent
+BUNDLED = Path(importlib.import_module("bapo_vl.tasks").__file__).parent  # the repo's tasks/, installed as bapo_vl.tasks
 TASK_FILE = "task.py"
 ENTRY_POINT_GROUP = "bapo_vl.tasks"
 
