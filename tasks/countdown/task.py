@@ -76,7 +76,8 @@ TEMPLATES = {
                                   {"role": "user", "content": " " + _QUESTION.format(nums=list(nums), target=target)}],
 }
 TRAIN_SIZE, TEST_SIZE, EVAL_SIZE = 10_000, 1_024, 200
-EVAL_SPLITS = {"cd34": (3, 4), "cd4": (4,)}  # split -> allowed counts of numbers
+EVAL_SIZES = {"cd34": (3, 4), "cd4": (4,)}  # evaluation split -> allowed counts of numbers
+EVAL_SPLITS = list(EVAL_SIZES)  # the paper's CD-34 and CD-4 (200 problems each)
 
 
 def _is_int(x) -> bool:
@@ -175,7 +176,7 @@ def load(split: str = "train", source: str | None = None, template: str = "chat"
                                 answer={"nums": list(nums), "target": target},
                                 meta={"row": i, "index": index, **meta}))
     if split in EVAL_SPLITS:
-        pool = [p for p in problems if len(p.answer["nums"]) in EVAL_SPLITS[split]]
+        pool = [p for p in problems if len(p.answer["nums"]) in EVAL_SIZES[split]]
         chosen = random.Random(seed).sample(range(len(pool)), min(EVAL_SIZE, len(pool)))
         problems = [pool[k] for k in sorted(chosen)]
     return problems[:limit] if limit is not None else problems
