@@ -1,9 +1,11 @@
-"""The `bapo` command line: bapo train | bapo runs [show RUN] | bapo tasks."""
+"""The `bapo` command line: bapo train | bapo runs [show RUN] | bapo tasks | bapo eval MODEL."""
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+
+from bapo_vl.plugins import PluginError
 
 
 def cmd_train(args) -> int:
@@ -11,6 +13,7 @@ def cmd_train(args) -> int:
     from bapo_vl.train import train
 
     cfg = load_config(args.preset, args.config, args.overrides)
+    cfg.tasks_dirs = [*cfg.tasks_dirs, *_tasks_dirs(args)]  # --tasks-dir
     run_dir = train(cfg, quiet=args.quiet)
     print(f"run record: {run_dir / 'run.db'}\nfinal policy: {run_dir / 'final'}\n"
           f"inspect: bapo runs show {run_dir}")
@@ -28,25 +31,56 @@ def cmd_runs(args) -> int:
     return cmd_runs_list(args.root)
 
 
+def _tasks_dirs(args) -> list[str]:
+    """The global --tasks-dir folders and those given after the subcommand."""
+    return [*args.tasks_dirs, *getattr(args, "sub_tasks_dirs", [])]
+
+
 def cmd_tasks(args) -> int:
     from bapo_vl.plugins import discover
 
-    tasks, errors = discover(args.tasks_dir)
-    for name, task in sorted(tasks.items()):
-        print(f"{name:16s} {task.origin}")
+    tasks, errors = discover(_tasks_dirs(args))
+    rows = [("name", "eval splits", "origin")]
+    rows += [(name, ", ".join(t.eval_splits) or "-", t.origin) for name, t in sorted(tasks.items())]
+    width = [max(len(r[i]) for r in rows) for i in range(2)]
+    for name, splits, origin in rows:
+        print(f"{name:{width[0]}s}  {splits:{width[1]}s}  {origin}")
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
+    if errors:
+        print(f"{len(errors)} broken task plugin(s)", file=sys.stderr)
     return 1 if errors else 0
+
+
+def cmd_eval(args) -> int:
+    import yaml
+
+    from bapo_vl.evaluate import FIELDS, EvalOptions, cmd_eval as run
+
+    options = {}
+    for item in args.option:
+        key, sep, text = item.partition("=")
+        if not sep:
+            raise ValueError(f"--option {item!r} is not key=value")
+        options[key.strip()] = yaml.safe_load(text)
+    given = {k: v for k, v in vars(args).items() if k in FIELDS and v is not None}
+    given.update(options=options, tasks_dirs=_tasks_dirs(args),
+                 splits=[s.strip() for s in args.splits.split(",") if s.strip()] if args.splits else None)
+    return run(EvalOptions(**given), as_json=args.json, out=args.out)
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bapo", description="BAPO: off-policy RLVR with batch adaptation")
+    parser.add_argument("--tasks-dir", dest="tasks_dirs", action="append", default=[], metavar="DIR",
+                        help="an extra folder of task plugins (repeatable; train adds it to tasks_dirs)")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("train", help="train a policy (default: the tiny countdown preset on CPU)")
     p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. algo=grpo steps=50")
     p.add_argument("--preset", default=None, help="tiny (default) | countdown | math | geometry3k")
     p.add_argument("--config", default=None, help="a YAML file of config fields")
     p.add_argument("--quiet", action="store_true")
+    p.add_argument("--tasks-dir", dest="sub_tasks_dirs", action="append", default=[], metavar="DIR",
+                   help="an extra folder of task plugins (repeatable), added to tasks_dirs")
     p.set_defaults(fn=cmd_train)
     p = sub.add_parser("runs", help="list runs, or show one")
     p.add_argument("action", nargs="?", choices=["list", "show"], default="list")
@@ -54,14 +88,37 @@ def main(argv=None) -> int:
     p.add_argument("--root", default="runs")
     p.add_argument("--json", action="store_true", help="print the run as one JSON object (stable interface)")
     p.set_defaults(fn=cmd_runs)
-    p = sub.add_parser("tasks", help="list task plugins and where they came from")
-    p.add_argument("--tasks-dir", action="append", default=[])
+    p = sub.add_parser("tasks", help="list task plugins: name, eval splits, origin, and the broken ones")
+    p.add_argument("--tasks-dir", dest="sub_tasks_dirs", action="append", default=[], metavar="DIR",
+                   help="an extra folder of task plugins (repeatable)")
     p.set_defaults(fn=cmd_tasks)
+    p = sub.add_parser("eval", help="evaluate a policy on a task's evaluation sets: mean@k, pass@k, verdicts")
+    p.add_argument("model", help="hub id, local path, bundled policy, run directory (its final/), or RUN/checkpoints/step_N")
+    p.add_argument("--task", help="task plugin (default: the run's task)")
+    p.add_argument("--splits", help="comma-separated sets, e.g. cd34,cd4 (default: the task's EVAL_SPLITS)")
+    p.add_argument("--checkpoint", type=int, metavar="N", help="with a run directory: checkpoints/step_N, not final/")
+    p.add_argument("--source", help="data file or folder, passed to the task's load()")
+    p.add_argument("--template", help="prompt template, passed to load() (default: the run's)")
+    p.add_argument("--limit", type=int, metavar="N", help="first N problems of each set")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="another load() option")
+    p.add_argument("--k", type=int, help="samples per problem (default 8)")
+    p.add_argument("--temperature", type=float, help="sampling temperature (default 1.0; 0 = greedy, needs --k 1)")
+    p.add_argument("--max-new-tokens", type=int, metavar="N", help="default: the run's max_response_length")
+    p.add_argument("--batch-size", type=int, metavar="N", help="sequences per generate call")
+    p.add_argument("--device", help="auto (default) | cpu | cuda")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON object to FILE")
+    p.add_argument("--run", metavar="RUN_DIR", help="also record the results in this run's evals table")
+    p.add_argument("--step", type=int, help="step to record them at (default: the checkpoint's, else the last)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--tasks-dir", dest="sub_tasks_dirs", action="append", default=[], metavar="DIR")
+    p.set_defaults(fn=cmd_eval)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.fn(args)
-    except (ValueError, KeyError, FileNotFoundError) as e:
+    except (ValueError, KeyError, FileNotFoundError, PluginError) as e:
         print(f"bapo: {e}", file=sys.stderr)
         return 2
 

@@ -1,34 +1,432 @@
-"""Multiple-choice answers: the chosen letter, from <answer> tags, \\boxed{}, or a final "Answer: X" line."""
+"""Multiple-choice answers (Geometry3K): the response's final answer is a choice letter or a choice's value.
+
+The final answer is the content of the last <answer>...</answer> (an unclosed last tag runs to the end), else
+of the last \\boxed{...}, else the rest of the last "answer is ..." / "Answer: ..." line. It is read as
+  1. a bare letter ("C", "(C)", "C.", "\\text{C}", "Option C"),
+  2. the text of a choice, compared after normalisation (spaces, $, \\left/\\right, degree marks removed),
+  3. a letter followed by its value ("C. 15", "(C) 15": the letter counts),
+  4. a number: decimals, \\frac{a}{b}, a/b, \\sqrt{x}, \\sqrt[n]{x}, \\pi, implicit products (2\\sqrt{3}),
+     powers, degrees (60^\\circ, 60°) and trailing units dropped; after the last "=" or "\\approx" if any.
+     Evaluated by a small recursive-descent parser over a token whitelist (never eval). A number picks the
+     choice(s) nearest to it, provided it is within REL_TOL relative (or, for a decimal with >= 2 places,
+     within half a unit of its last place) of that choice: so 12.9 picks "12.9" over "13" and 3.46 picks
+     "2 \\sqrt { 3 }".
+
+Verdicts: CORRECT when the letter is the right one, or the value picks the right choice (when choices share
+the right value, as in a few Geometry3K problems, the value is right whichever of them it names); WRONG for
+another letter or value; UNPARSABLE when there is no final answer or nothing in it reads as a letter or value.
+Without choices (a value-only ground truth), a value is compared with the truth value alone and a letter is
+UNPARSABLE. Input is cut to its last MAX_CHARS characters; verify() never raises.
+
+Ground truth: a letter ("C"), a dict {"letter", "value", "choices"[, "precise_values"]} as built by the
+geometry3k task, or a value string (no choices known).
+"""
 from __future__ import annotations
 
+import logging
+import math
 import re
 
 from bapo_vl.problem import Verdict
 
-MAX_CHARS = 20_000
-_PATTERNS = [
-    re.compile(r"<answer>\s*\(?([A-Z])\)?[\s.:)]*(?:</answer>|$)", re.I),
-    re.compile(r"\\boxed\{\s*\(?([A-Z])\)?\s*\}"),
-    re.compile(r"answer\s*(?:is)?\s*[:：]?\s*\(?([A-Z])\)?\b", re.I),
-]
+log = logging.getLogger(__name__)
+
+MAX_CHARS = 20_000  # the tail of a response that is searched
+MAX_SPAN = 300  # longest final answer that is read
+MAX_TOKENS = 60  # longest expression the number parser evaluates
+REL_TOL = 1e-2  # relative tolerance for rounded values
+LETTERS = "ABCD"
 
 
-def extract_choice(response: str, letters: str = "ABCD") -> str | None:
-    """The last choice letter stated as the answer, or None.
+# --- the final answer -----------------------------------------------------------------------------------------
+
+def _braced(text: str, start: int, limit: int = 4 * MAX_SPAN) -> str | None:
+    """The content of the {...} group opening at text[start] (which must be "{"), or None if unbalanced or
+    longer than `limit`."""
+    depth = 0
+    for i in range(start, min(len(text), start + limit)):
+        if text[i] == "{":
+            depth += 1
+        elif text[i] == "}":
+            depth -= 1
+            if depth == 0:
+                return text[start + 1:i]
+    return None
+
+
+def _last_boxed(text: str, tries: int = 8) -> str | None:
+    """The content of the last complete \\boxed{...} (among the last `tries`)."""
+    i = text.rfind("\\boxed")
+    while i >= 0 and tries > 0:
+        tries -= 1
+        j = i + len("\\boxed")
+        while j < len(text) and text[j] == " ":
+            j += 1
+        if j < len(text) and text[j] == "{":
+            inner = _braced(text, j)
+            if inner is not None:
+                return inner
+        i = text.rfind("\\boxed", 0, i)
+    return None
+
+
+_ANSWER_LINE = re.compile(r"\b(?i:answer)\b(?:\s+is)?\s*[:：]?[ \t]*([^\n]*)")
+
+
+def extract_answer(response: str) -> str | None:
+    """The final answer's text (see the module doc), stripped; None when there is none.
+
+    >>> extract_answer("x = 15, so <answer> C </answer>")
+    'C'
+    >>> extract_answer("so the answer is $2\\\\sqrt{3}$. Done")
+    '$2\\\\sqrt{3}$'
+    """
+    if not isinstance(response, str):
+        return None
+    text = response[-MAX_CHARS:]
+    low = text.lower()
+    i = low.rfind("<answer>")
+    if i >= 0:
+        j = low.find("</answer>", i)
+        span = text[i + len("<answer>"):j if j >= 0 else len(text)].strip()
+        if span:
+            return span
+    boxed = _last_boxed(text)
+    if boxed is not None and boxed.strip():
+        return boxed.strip()
+    found = _ANSWER_LINE.findall(text)
+    if found:  # "The answer is 15. I hope..." -> "15"
+        span = re.split(r"\.\s|\s+(?:because|since|as)\s", found[-1], maxsplit=1)[0].strip().rstrip(".")
+        return span or None
+    return None
+
+
+# --- reading a final answer -----------------------------------------------------------------------------------
+
+def _unwrap(s: str) -> str:
+    """\\text{C} -> C, \\boxed{\\frac{1}{2}} -> \\frac{1}{2} (wrappers removed, their content kept)."""
+    for _ in range(8):
+        m = re.search(r"\\(?:boxed|textbf|textnormal|text|mathrm|mathbf|fbox)\s*\{", s)
+        if not m:
+            break
+        inner = _braced(s, m.end() - 1)
+        if inner is None:
+            break
+        s = s[:m.start()] + inner + s[m.end() + len(inner) + 1:]
+    return s
+
+
+def _clean(span: str) -> str:
+    s = _unwrap(span[:MAX_SPAN])
+    s = s.replace("$", "").replace("**", "").replace("\\(", "").replace("\\)", "").replace("\\[", "").replace("\\]", "")
+    return s.strip().rstrip(".").strip()
+
+
+def _bare_letter(s: str, letters: str) -> str | None:
+    m = re.fullmatch(r"(?:(?:[Oo]ption|[Cc]hoice)\s*)?\(?\s*([A-Za-z])\s*\)?\s*[.:)]?", s)
+    if m and m.group(1).upper() in letters:
+        return m.group(1).upper()
+    return None
+
+
+def _letter_prefix(s: str, letters: str) -> str | None:
+    m = re.match(r"(?:(?:[Oo]ption|[Cc]hoice)\s*)?(?:\(([A-Z])\)|([A-Z])\s*[.:)])\s*\S", s)
+    letter = m and (m.group(1) or m.group(2))
+    return letter if letter and letter in letters else None
+
+
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree|\\circ")
+_SPACING = re.compile(r"\\left|\\right|\\[,;:! ]|\\displaystyle")
+
+
+def normalize(text: str) -> str:
+    """Text of a value for string comparison: no spaces, $, \\left/\\right, degree marks; \\dfrac -> \\frac."""
+    s = _clean(str(text)).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = _SPACING.sub("", s)
+    s = _DEGREES.sub("", s)
+    return re.sub(r"\s+", "", s).lower()
+
+
+# --- numbers --------------------------------------------------------------------------------------------------
+
+_TOKEN = re.compile(r"\d+(?:\.\d*)?|\.\d+|\\sqrt|\\frac|\\pi|\\cdot|\\times|\\div|[-+*/^(){}\[\]:]")
+_MULT = {"*", "\\cdot", "\\times"}
+_DIV = {"/", "\\div", ":"}
+
+
+def _tokens(s: str) -> list[str] | None:
+    out, pos = [], 0
+    s = s.strip()
+    while pos < len(s):
+        if s[pos].isspace():
+            pos += 1
+            continue
+        m = _TOKEN.match(s, pos)
+        if not m:
+            return None
+        out.append(m.group())
+        pos = m.end()
+        if len(out) > MAX_TOKENS:
+            return None
+    return out
+
+
+class _Parser:
+    """expr := term (+|- term)*; term := unary ((*|/) unary | implicit primary)*; unary := (+|-) unary | power;
+    power := primary (^ unary)?; primary := number | \\pi | \\sqrt[n]{x} | \\frac{a}{b} | (expr) | {expr}."""
+
+    def __init__(self, tokens: list[str]):
+        self.t, self.i = tokens, 0
+
+    def peek(self):
+        return self.t[self.i] if self.i < len(self.t) else None
+
+    def take(self):
+        tok = self.peek()
+        if tok is None:
+            raise ValueError("unexpected end")
+        self.i += 1
+        return tok
+
+    def expect(self, tok):
+        if self.take() != tok:
+            raise ValueError(f"expected {tok}")
+
+    def expr(self) -> float:
+        v = self.term()
+        while self.peek() in ("+", "-"):
+            v = v + self.term() if self.take() == "+" else v - self.term()
+        return v
+
+    def term(self) -> float:
+        v = self.unary()
+        while True:
+            tok = self.peek()
+            if tok in _MULT or tok in _DIV:
+                self.take()
+                w = self.unary()
+                v = v * w if tok in _MULT else v / w
+            elif tok in ("\\sqrt", "\\frac", "\\pi", "(", "{"):  # 2\sqrt{3}, 3\pi, 2(x): implicit product
+                v = v * self.power()
+            else:
+                return v
+
+    def unary(self) -> float:
+        if self.peek() in ("+", "-"):
+            return -self.unary() if self.take() == "-" else self.unary()
+        return self.power()
+
+    def power(self) -> float:
+        base = self.primary()
+        if self.peek() == "^":
+            self.take()
+            exp = self.unary()
+            if abs(exp) > 12 or abs(base) > 1e6:
+                raise ValueError("power out of range")
+            return math.pow(base, exp)
+        return base
+
+    def primary(self) -> float:
+        tok = self.take()
+        if tok[0].isdigit() or tok[0] == ".":
+            return float(tok)
+        if tok == "\\pi":
+            return math.pi
+        if tok in ("(", "{"):
+            v = self.expr()
+            self.expect(")" if tok == "(" else "}")
+            return v
+        if tok == "\\sqrt":
+            n = 2.0
+            if self.peek() == "[":
+                self.take()
+                n = self.expr()
+                self.expect("]")
+            x = self.primary()
+            if x < 0 or n <= 0 or n > 12:
+                raise ValueError("bad root")
+            return math.pow(x, 1.0 / n)
+        if tok == "\\frac":
+            a = self.primary()
+            return a / self.primary()
+        raise ValueError(f"unexpected {tok}")
+
+
+def parse_number(text: str) -> float | None:
+    """The value of a small LaTeX/plain arithmetic expression, or None (never raises, never evals).
+
+    >>> round(parse_number("2 \\\\sqrt { 3 }"), 4), parse_number("60^\\\\circ"), parse_number("\\\\frac{3}{4}")
+    (3.4641, 60.0, 0.75)
+    """
+    try:
+        if not isinstance(text, str) or len(text) > MAX_SPAN:
+            return None
+        s = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("√", "\\sqrt ")
+        s = s.replace("π", "\\pi ").replace("×", "*").replace("÷", "/").replace("−", "-").replace("$", "")
+        s = re.sub(r"(?<![\\a-zA-Z])sqrt", "\\\\sqrt", s)
+        s = _SPACING.sub(" ", s)
+        s = _DEGREES.sub("", s)
+        s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)  # 1,000
+        tokens = _tokens(s)
+        if not tokens:
+            return None
+        parser = _Parser(tokens)
+        value = parser.expr()
+        if parser.peek() is not None or not math.isfinite(value):
+            return None
+        return float(value)
+    except (ValueError, ZeroDivisionError, OverflowError, TypeError, RecursionError):
+        return None
+
+
+_UNITS = re.compile(r"(?:\s*(?<![\\a-zA-Z])[a-zA-Z]+\.?(?:\^\s*\{?\d\}?)?)+\s*$")
+
+
+def _response_number(s: str) -> tuple[float | None, str]:
+    """(value, the text it was read from) of a final answer that is a number, e.g. "x = 15 cm" -> 15."""
+    s = re.split(r"=|\\approx|≈", _unwrap(s))[-1].strip().rstrip(".")
+    value = parse_number(s)
+    if value is None:
+        stripped = _UNITS.sub("", s)
+        if stripped != s and stripped.strip():
+            s = stripped.strip()
+            value = parse_number(s)
+    return value, s
+
+
+def _close(x: float, truth: float, text: str) -> bool:
+    if abs(x - truth) <= REL_TOL * abs(truth) + 1e-12:
+        return True
+    m = re.fullmatch(r"-?\d*\.(\d{2,})", text.strip())  # a rounded decimal: truth rounds to it
+    return bool(m) and abs(x - truth) <= 0.5 * 10 ** -len(m.group(1)) + 1e-12
+
+
+# --- ground truth ---------------------------------------------------------------------------------------------
+
+def choice_values(choices: list, precise_values: list | None = None) -> list[float | None]:
+    """Each choice's number: its text evaluated, else its precise value, else None (text-only choices)."""
+    out = []
+    for i, choice in enumerate(choices):
+        v = parse_number(choice) if isinstance(choice, str) else None
+        if v is None and precise_values and i < len(precise_values):
+            p = precise_values[i]
+            v = float(p) if isinstance(p, (int, float)) and not isinstance(p, bool) and math.isfinite(p) else None
+        out.append(v)
+    return out
+
+
+def _truth(answer, letters: str):
+    """(letter, value, choices, precise_values) of a ground truth."""
+    if isinstance(answer, dict):
+        letter = answer.get("letter")
+        letter = letter.strip().upper() if isinstance(letter, str) and letter.strip() else None
+        choices = answer.get("choices") or None
+        value = answer.get("value")
+        if value is None and letter in letters and choices and letters.index(letter) < len(choices):
+            value = choices[letters.index(letter)]
+        return letter, value, choices, answer.get("precise_values")
+    if isinstance(answer, str) and _bare_letter(answer.strip(), letters):
+        return answer.strip().upper(), None, None, None
+    return None, (None if answer is None else str(answer)), None, None
+
+
+def _pick_by_value(s: str, choices: list, numbers: list) -> set[int] | None:
+    """Indices of the choices the value `s` names: by text, else by nearest number; None if it reads as no value."""
+    key = normalize(s)
+    hits = {i for i, c in enumerate(choices) if isinstance(c, str) and normalize(c) == key}
+    if hits:
+        return hits
+    x, text = _response_number(s)
+    if x is None:
+        return None
+    known = [(i, v) for i, v in enumerate(numbers) if v is not None]
+    if not known:
+        return set()
+    best = min(abs(x - v) for _, v in known)
+    nearest = {i for i, v in known if abs(x - v) <= best + 1e-9 * max(1.0, abs(v))}
+    return nearest if _close(x, numbers[min(nearest)], text) else set()
+
+
+# --- verdicts -------------------------------------------------------------------------------------------------
+
+def extract_choice(response: str, letters: str = LETTERS) -> str | None:
+    """The choice letter stated as the final answer, or None.
 
     >>> extract_choice("so x = 15. <answer>C</answer>")
     'C'
     """
-    text = response[-MAX_CHARS:]
-    for pattern in _PATTERNS:
-        found = [m.upper() for m in pattern.findall(text) if m.upper() in letters]
-        if found:
-            return found[-1]
-    return None
+    span = extract_answer(response)
+    if span is None:
+        return None
+    s = _clean(span)
+    return _bare_letter(s, letters) or _letter_prefix(s, letters)
 
 
-def verify(response: str, answer: str, letters: str = "ABCD") -> Verdict:
-    choice = extract_choice(response, letters)
-    if choice is None:
+def _verify(response: str, answer, letters: str) -> Verdict:
+    span = extract_answer(response)
+    if span is None:
         return Verdict.UNPARSABLE
-    return Verdict.CORRECT if choice == answer.strip().upper() else Verdict.WRONG
+    s = _clean(span)
+    if not s:
+        return Verdict.UNPARSABLE
+    letter, value, choices, precise = _truth(answer, letters)
+    numbers = choice_values(choices, precise) if choices else []
+    right: set[int] = set()  # indices of the right choice(s)
+    if choices:
+        if letter in letters and letters.index(letter) < len(choices):
+            right.add(letters.index(letter))
+        if value is not None:  # choices sharing the right value count as right (a few Geometry3K problems)
+            key, v_right = normalize(value), parse_number(str(value))
+            right |= {i for i, c in enumerate(choices) if isinstance(c, str) and normalize(c) == key}
+            if right and numbers[min(right)] is not None:
+                v_right = numbers[min(right)]
+            if v_right is not None:
+                right |= {i for i, v in enumerate(numbers)
+                          if v is not None and abs(v - v_right) <= 1e-9 * max(1.0, abs(v))}
+
+    def by_letter(chosen: str) -> Verdict:
+        if letter is not None:
+            return Verdict.CORRECT if chosen == letter else Verdict.WRONG
+        if right:  # no letter given, but the right value is among the choices
+            return Verdict.CORRECT if letters.index(chosen) in right else Verdict.WRONG
+        return Verdict.UNPARSABLE  # a letter, but no letter is known for this problem
+
+    chosen = _bare_letter(s, letters)
+    if chosen:
+        return by_letter(chosen)
+    if choices:
+        hits = _pick_by_value(s, choices, numbers)
+        if hits:
+            return Verdict.CORRECT if hits & right else Verdict.WRONG
+        chosen = _letter_prefix(s, letters)
+        if chosen:
+            return by_letter(chosen)
+        if hits is not None:
+            return Verdict.WRONG  # a number near no choice
+        return Verdict.WRONG if any(v is None for v in numbers) else Verdict.UNPARSABLE
+    # no choices known: compare with the truth value
+    chosen = _letter_prefix(s, letters)
+    if chosen:
+        return by_letter(chosen)
+    if value is None:
+        return Verdict.UNPARSABLE
+    if normalize(s) == normalize(value) or normalize(_response_number(s)[1]) == normalize(value):
+        return Verdict.CORRECT
+    x, text = _response_number(s)
+    truth = parse_number(str(value))
+    if x is not None and truth is not None:
+        return Verdict.CORRECT if _close(x, truth, text) else Verdict.WRONG
+    if x is None and truth is not None:
+        return Verdict.UNPARSABLE
+    return Verdict.WRONG
+
+
+def verify(response: str, answer, letters: str = LETTERS) -> Verdict:
+    """CORRECT / WRONG / UNPARSABLE of `response` against a letter, a geometry3k answer dict or a value."""
+    try:
+        if not isinstance(response, str):
+            return Verdict.UNPARSABLE
+        return _verify(response, answer, letters)
+    except Exception as e:  # noqa: BLE001 - model output is hostile input; a verifier must not crash training
+        log.warning("choice verifier raised %s: %s", type(e).__name__, e)
+        return Verdict.UNPARSABLE
