@@ -91,20 +91,15 @@ class Trainer:
         self.online_filter = get_filter(cfg.online_filter)
         self.updates = 0  # trainer policy version: updates applied so far
         self.rollout_version = 0  # version held by the rollout policy alpha
-        self._prompt_cache: dict[str, dict] = {}
         self.verdicts: Counter = Counter()
         self.timings: Counter = Counter()
 
     # --- pieces of a step ------------------------------------------------------------------------------------
 
-    def encode(self, problem: Problem) -> dict:
-        if problem.uid not in self._prompt_cache:
-            self._prompt_cache[problem.uid] = self.backend.encode(problem)
-        return self._prompt_cache[problem.uid]
-
-    def rollout(self, problems: list[Problem], step: int, policy: str, source: str) -> list[Group]:
-        """G responses per problem from alpha (policy="rollout") or pi_theta (policy="current"), verified."""
-        prompts = [self.encode(p) for p in problems]
+    def rollout(self, problems: list[Problem], step: int, policy: str, source: str, prompts=None) -> list[Group]:
+        """G responses per problem from alpha (policy="rollout") or pi_theta (policy="current"), verified.
+        Prompts are encoded here, not cached: image tensors are large (see `step`)."""
+        prompts = prompts or [self.backend.encode(p) for p in problems]
         t0 = time.perf_counter()
         outputs = self.backend.generate(prompts, self.cfg.group_size, policy=policy)
         t1 = time.perf_counter()
@@ -172,6 +167,8 @@ class Trainer:
         """Steps 8-9: GRPO advantages per group, then the clipped update against stored log-probs."""
         if not batch:
             return {}
+        for g in batch:  # replayed groups were stored without their encoding
+            g.prompt = g.prompt if g.prompt is not None else self.backend.encode(g.problem)
         rewards = torch.tensor([g.rewards for g in batch], dtype=torch.float32)  # (n_groups, G)
         adv = grpo_advantages(rewards, eps=self.cfg.adv_eps)  # (n_groups, G)
         sequences = [{"prompt": g.prompt, "tokens": s.tokens, "logprobs": s.logprobs,
@@ -204,6 +201,8 @@ class Trainer:
         c2, c3 = th.c2, th.c3  # the thresholds this step used
         train_metrics = self.train_on(batch)  # 8, 9
         th.observe([r for g in fresh for r in g.rewards])  # 10
+        for g in fresh + reevaluated + x3:  # buffers keep responses and log-probs, not the (large) prompt encodings
+            g.prompt = None
         return StepResult(fresh, x1, reevaluated, x2, x3, self._metrics(t, fresh, x1, reevaluated, x2, x3, batch,
                                                                          c2, c3, train_metrics))
 

@@ -306,7 +306,7 @@ def test_stored_logprobs_are_the_rollout_policys_right_after_a_sync(env):
     result = trainer.step(3)  # sync, then generate, then update
     assert trainer.updates > 0
     groups = result.fresh
-    prompts = [g.prompt for g in groups for _ in g.samples]
+    prompts = [backend.encode(g.problem) for g in groups for _ in g.samples]  # groups keep no encoding
     tokens = [s.tokens for g in groups for s in g.samples]
     stored = [s.logprobs for g in groups for s in g.samples]
     assert not same_weights(backend.policy, policy_at_sync)  # the update moved pi_theta ...
