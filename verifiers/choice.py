@@ -23,6 +23,7 @@ geometry3k task, or a value string (no choices known).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -89,13 +90,18 @@ def extract_answer(response: str) -> str | None:
     if i >= 0:
         j = low.find("</answer>", i)
         span = text[i + len("<answer>"):j if j >= 0 else len(text)].strip()
-        if span:
-            return span
+        if span:  # "<answer>The answer is C</answer>" -> "C"
+            return _answer_phrase(span[:MAX_SPAN]) or span
     boxed = _last_boxed(text)
     if boxed is not None and boxed.strip():
         return boxed.strip()
+    return _answer_phrase(text)
+
+
+def _answer_phrase(text: str) -> str | None:
+    """What follows the last "answer is" / "Answer:", up to the end of its sentence: "The answer is 15. I..." -> "15"."""
     found = _ANSWER_LINE.findall(text)
-    if found:  # "The answer is 15. I hope..." -> "15"
+    if found:
         span = re.split(r"\.\s|\s+(?:because|since|as)\s", found[-1], maxsplit=1)[0].strip().rstrip(".")
         return span or None
     return None
@@ -139,9 +145,14 @@ _DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|°|\\degree|\\circ")
 _SPACING = re.compile(r"\\left|\\right|\\[,;:! ]|\\displaystyle")
 
 
-def normalize(text: str) -> str:
+def normalize(text) -> str:
     """Text of a value for string comparison: no spaces, $, \\left/\\right, degree marks; \\dfrac -> \\frac."""
-    s = _clean(str(text)).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    return _normalize(str(text)[:MAX_SPAN])
+
+
+@functools.lru_cache(maxsize=8192)  # choices are normalised at every verify() call
+def _normalize(text: str) -> str:
+    s = _clean(text).replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = _SPACING.sub("", s)
     s = _DEGREES.sub("", s)
     return re.sub(r"\s+", "", s).lower()
@@ -258,9 +269,14 @@ def parse_number(text: str) -> float | None:
     >>> round(parse_number("2 \\\\sqrt { 3 }"), 4), parse_number("60^\\\\circ"), parse_number("\\\\frac{3}{4}")
     (3.4641, 60.0, 0.75)
     """
+    if not isinstance(text, str) or len(text) > MAX_SPAN:
+        return None
+    return _parse_number(text)
+
+
+@functools.lru_cache(maxsize=8192)  # choices are evaluated at every verify() call
+def _parse_number(text: str) -> float | None:
     try:
-        if not isinstance(text, str) or len(text) > MAX_SPAN:
-            return None
         s = text.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac").replace("√", "\\sqrt ")
         s = s.replace("π", "\\pi ").replace("×", "*").replace("÷", "/").replace("−", "-").replace("$", "")
         s = re.sub(r"(?<![\\a-zA-Z])sqrt", "\\\\sqrt", s)

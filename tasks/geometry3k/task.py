@@ -32,9 +32,12 @@ counts a prompt's tokens, images included, and names the problem when it is too 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import logging
+import os
 import re
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from PIL import Image
@@ -44,12 +47,15 @@ from bapo_vl.verifiers.choice import choice_values, normalize, parse_number
 from bapo_vl.verifiers.choice import verify as verify_choice
 
 NAME = "geometry3k"
+EVAL_SPLITS = ["test"]  # the 601 test problems the Inter-GPS paper and BAPO report on
 LETTERS = "ABCD"
 TEMPLATES = ("letter", "value")
 INSTRUCTION = ("Answer with the letter of the correct choice. Think step by step, then give the final "
                "letter inside <answer> </answer> tags, e.g. <answer>A</answer>.")
 VALUE_INSTRUCTION = ("Think step by step, then give the final answer (a number or expression, without units) "
                      "inside \\boxed{}, e.g. \\boxed{12}.")
+DECODE_THREADS = min(8, os.cpu_count() or 1)
+CHUNK = 64  # rows read (and diagrams decoded) at a time
 SPLIT_ALIASES = {"val": ("val", "validation"), "validation": ("validation", "val")}
 log = logging.getLogger("bapo_vl.tasks.geometry3k")
 
@@ -74,7 +80,7 @@ def _is_letter(x) -> bool:
 
 
 def _match_value(value, choices: list[str]) -> int:
-    """Index of the choice whose text or number is `value`; ValueError if none or several differ."""
+    """Index of the (first) choice whose text or number is `value`; ValueError if there is none."""
     key = normalize(value)
     hits = [i for i, c in enumerate(choices) if normalize(c) == key]
     if not hits:
@@ -147,6 +153,19 @@ def _fields(row, fallback_id) -> dict:
             "precise_values": precise, "images": _image_sources(row)}
 
 
+def _to_rgb(im: Image.Image) -> Image.Image:
+    """RGB, with transparent parts on white (as transformers' convert_rgb does): almost every Geometry3K diagram
+    is an opaque RGBA PNG, for which this is a plain conversion."""
+    if im.mode in ("RGBA", "LA", "PA") or (im.mode == "P" and "transparency" in im.info):
+        rgba = im.convert("RGBA")
+        if rgba.getchannel("A").getextrema()[0] < 255:
+            white = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+            white.alpha_composite(rgba)
+            rgba = white
+        return rgba.convert("RGB")
+    return im.convert("RGB")
+
+
 def _open_image(src, base: Path) -> Image.Image:
     """A {bytes, path} dict, raw bytes, or a path (relative to `base`) -> a decoded PIL RGB image."""
     if isinstance(src, dict):
@@ -163,7 +182,7 @@ def _open_image(src, base: Path) -> Image.Image:
         raise ValueError(f"image must be bytes, a path or a {{bytes, path}} dict, got {type(src).__name__}")
     try:
         with Image.open(fp) as im:
-            image = im.convert("RGB")
+            image = _to_rgb(im)
     except Exception as e:  # PIL raises UnidentifiedImageError, OSError (truncated), SyntaxError, ...
         raise ValueError(f"{what} is unreadable: {type(e).__name__}: {e}") from None
     if image.width < 1 or image.height < 1:
@@ -257,36 +276,52 @@ def load(split: str = "train", source: str | None = None, limit: int | None = No
                          "in the Inter-GPS layout (<split>/<id>/data.json + img_diagram.png), <split>.jsonl files, "
                          "or a .parquet file in the hiyouga/geometry3k layout")
     problems, seen, bad, switched = [], {}, 0, 0
-    for origin, row, base, fallback_id in _rows(source, split):
-        if limit is not None and len(problems) >= limit:
-            break
-        try:
-            if isinstance(row, Exception):
-                raise row
-            f = _fields(row, fallback_id)
-            images = [_open_image(src, base) for src in f["images"]]
-        except (ValueError, TypeError, KeyError, AttributeError) as e:
-            if not skip_bad:
-                raise ValueError(f"geometry3k: {origin}: {e}") from None
-            bad += 1
-            continue
-        # a letter prompt needs a letter; a value prompt needs a value
-        use = template
-        if use == "letter" and f["letter"] is None:
-            use = "value"
-        elif use == "value" and f["value"] is None:
-            use = "letter"
-        switched += use != template
-        uid = f"geometry3k-{split}-{f['id']}"
-        seen[uid] = seen.get(uid, 0) + 1
-        if seen[uid] > 1:
-            uid = f"{uid}#{seen[uid]}"
-        answer = {"letter": f["letter"], "value": f["value"], "choices": f["choices"],
-                  "precise_values": f["precise_values"]}
-        problems.append(Problem(uid=uid, messages=make_messages(f["question"], f["choices"], use, len(images)),
-                                answer=answer, images=images,
-                                meta={"split": split, "id": f["id"], "choices": f["choices"], "template": use,
-                                      "origin": origin}))
+    rows = _rows(source, split)
+    # PNG decoding (about 3 ms a diagram) runs in threads: PIL releases the GIL while it decodes
+    with ThreadPoolExecutor(max_workers=DECODE_THREADS) as pool:
+        while limit is None or len(problems) < limit:
+            chunk = list(itertools.islice(rows, CHUNK if limit is None else min(CHUNK, limit - len(problems))))
+            if not chunk:
+                break
+            jobs = []
+            for origin, row, base, fallback_id in chunk:
+                try:
+                    if isinstance(row, Exception):
+                        raise row
+                    f = _fields(row, fallback_id)
+                    jobs.append((origin, f, [pool.submit(_open_image, src, base) for src in f["images"]]))
+                except (ValueError, TypeError, KeyError, AttributeError) as e:
+                    jobs.append((origin, e, []))
+            for origin, f, futures in jobs:
+                try:
+                    if isinstance(f, Exception):
+                        raise f
+                    images = [future.result() for future in futures]
+                except (ValueError, TypeError, KeyError, AttributeError) as e:
+                    if not skip_bad:
+                        for _, _, later in jobs:
+                            for future in later:
+                                future.cancel()
+                        raise ValueError(f"geometry3k: {origin}: {e}") from None
+                    bad += 1
+                    continue
+                # a letter prompt needs a letter; a value prompt needs a value
+                use = template
+                if use == "letter" and f["letter"] is None:
+                    use = "value"
+                elif use == "value" and f["value"] is None:
+                    use = "letter"
+                switched += use != template
+                uid = f"geometry3k-{split}-{f['id']}"
+                seen[uid] = seen.get(uid, 0) + 1
+                if seen[uid] > 1:
+                    uid = f"{uid}#{seen[uid]}"
+                answer = {"letter": f["letter"], "value": f["value"], "choices": f["choices"],
+                          "precise_values": f["precise_values"]}
+                problems.append(Problem(
+                    uid=uid, messages=make_messages(f["question"], f["choices"], use, len(images)), answer=answer,
+                    images=images, meta={"split": split, "id": f["id"], "choices": f["choices"], "template": use,
+                                         "origin": origin}))
     if bad:
         log.warning("geometry3k: skipped %d malformed problem(s) of %s (split %s)", bad, source, split)
     if switched:
