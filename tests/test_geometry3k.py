@@ -3,11 +3,9 @@ import json
 import logging
 import shutil
 import time
-from io import BytesIO
 from pathlib import Path
 
 import pytest
-from PIL import Image
 
 from bapo_vl.plugins import get_task, load_folder
 from bapo_vl.problem import Problem, Verdict

@@ -1,12 +1,12 @@
 """Countdown: combine the given numbers with + - * / (each exactly once) to reach the target."""
 from __future__ import annotations
 
-import json
 import logging
 import random
 from fractions import Fraction
 from pathlib import Path
 
+from bapo_vl.datafiles import parse_rows
 from bapo_vl.problem import Problem
 from bapo_vl.verifiers.countdown import verify  # noqa: F401  (the plugin's verify)
 
@@ -103,46 +103,9 @@ def _fields(row) -> tuple[list[int], int, int | None]:
     return nums, target, index
 
 
-def _read_rows(path: Path) -> list:
-    """Rows of a .jsonl, .json (a list, or JSON lines) or .parquet file; an unreadable line becomes an Exception."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-        return pq.read_table(path).to_pylist()
-    if path.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"{path}: unsupported file type (want .jsonl, .json or .parquet)")
-    text = path.read_text()
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: invalid JSON: {e}") from None
-    rows = []
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line) if line.strip() else None)
-        except json.JSONDecodeError as e:
-            rows.append(e)
-    while rows and rows[-1] is None:  # trailing blank lines
-        rows.pop()
-    return rows
-
-
 def _records(source, skip_bad: bool) -> list[tuple[list[int], int, int | None, int]]:
     """(nums, target, index, row number) of every well-formed row of `source`."""
-    path = Path(source)
-    out, bad = [], 0
-    for i, row in enumerate(_read_rows(path)):
-        try:
-            if isinstance(row, Exception):
-                raise ValueError(f"invalid JSON: {row}")
-            out.append((*_fields(row), i))
-        except (ValueError, TypeError, AttributeError) as e:  # e.g. reward_model that is not an object
-            if not skip_bad:
-                raise ValueError(f"{path}: row {i} (0-based): {e}") from None
-            bad += 1
-    if bad:
-        log.warning("countdown: skipped %d malformed row(s) of %s", bad, path)
-    return out
+    return [(*fields, i) for i, _, fields in parse_rows(Path(source), _fields, skip_bad, "countdown")]
 
 
 def load(split: str = "train", source: str | None = None, template: str = "chat", limit: int | None = None,

@@ -25,12 +25,12 @@ is kept only in meta["listed_answers"].
 """
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
 from pathlib import Path
 
+from bapo_vl.datafiles import parse_rows, read_rows
 from bapo_vl.problem import Problem
 
 NAME = "math"
@@ -189,34 +189,6 @@ def _row_id(row, index: int) -> str:
     return str(index)
 
 
-def _read_rows(path: Path) -> list:
-    """Rows of a .jsonl, .json (an array, or JSON lines) or .parquet file; an unreadable line becomes an Exception."""
-    if path.suffix == ".parquet":
-        import pyarrow.parquet as pq
-        try:
-            return pq.read_table(path).to_pylist()
-        except Exception as e:  # pyarrow's errors do not always name the file
-            raise ValueError(f"{path}: unreadable parquet: {e}") from None
-    if path.suffix not in (".jsonl", ".json"):
-        raise ValueError(f"{path}: unsupported file type (want .json, .jsonl or .parquet)")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".json" and text.lstrip().startswith("["):
-        try:
-            rows = json.loads(text)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: invalid JSON: {e}") from None
-        return rows
-    rows = []
-    for line in text.splitlines():
-        try:
-            rows.append(json.loads(line) if line.strip() else None)
-        except json.JSONDecodeError as e:
-            rows.append(e)
-    while rows and rows[-1] is None:  # trailing blank lines
-        rows.pop()
-    return rows
-
-
 def _shards(folder: Path, split: str) -> list[Path]:
     """The .parquet files of a folder (HF datasets layout), those named `<split>-*` / `<split>.parquet` /
     under a `<split>/` folder when there are any."""
@@ -246,25 +218,15 @@ def eval_file(split: str, source, any_name: bool = True) -> Path:
 
 
 def _records(files: list[Path], split: str, skip_bad: bool) -> list[tuple[str, str, dict, str]]:
-    """(problem, answer, meta, uid key) of every well-formed row of `files`, in order."""
+    """(problem, answer, meta, uid key) of every well-formed row of `files`, in order; uid keys count rows
+    across files, skipped ones included, so a skipped row never moves another's uid."""
     out, offset = [], 0
     for path in files:
-        bad, rows = 0, _read_rows(path)
-        for i, row in enumerate(rows):
-            try:
-                if isinstance(row, Exception):
-                    raise ValueError(f"invalid JSON: {row}")
-                problem, answer, meta = _fields(row, split)
-            except (ValueError, TypeError, AttributeError) as e:
-                if not skip_bad:
-                    raise ValueError(f"{path}: row {i} (0-based): {e}") from None
-                bad += 1
-                continue
+        rows = read_rows(path)
+        for i, row, (problem, answer, meta) in parse_rows(path, lambda r: _fields(r, split), skip_bad, "math", rows):
             out.append((problem, answer, {"split": split, "source": str(path), "row": i, **meta},
                         _row_id(row, offset + i)))
         offset += len(rows)
-        if bad:
-            log.warning("math: skipped %d malformed row(s) of %s", bad, path)
     return out
 
 
