@@ -253,9 +253,10 @@ class RunRecord:
         return cls(run_dir, conn, sinks)
 
     @classmethod
-    def open(cls, run_dir, *, truncate_after: int | None = None, sinks=()) -> "RunRecord":
-        """Reopen an existing record to append (resuming). `truncate_after=k` drops what was logged for
-        steps > k, i.e. the steps after the checkpoint that will be trained again."""
+    def open(cls, run_dir, *, truncate_after: int | None = None, sinks=(), resume: bool = True) -> "RunRecord":
+        """Reopen an existing record to append. With `resume` (training goes on) the run is marked running
+        again; without it (e.g. adding evaluations) its status is left alone. `truncate_after=k` drops what
+        was logged for steps > k, i.e. the steps after the checkpoint that will be trained again."""
         run_dir = Path(run_dir)
         path = run_dir / DB_NAME
         if not path.exists():
@@ -270,8 +271,9 @@ class RunRecord:
             if truncate_after is not None:
                 for table in PER_STEP_TABLES:
                     conn.execute(f"DELETE FROM {table} WHERE step > ?", (truncate_after,))
-            conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
-                             [("status", "running"), ("resumed_at", _now())])
+            if resume:
+                conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                 [("status", "running"), ("resumed_at", _now())])
         return cls(run_dir, conn, sinks)
 
     def log_problems(self, problems: Iterable) -> None:

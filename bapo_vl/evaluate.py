@@ -1,0 +1,310 @@
+"""`bapo eval`: accuracy of a policy on a task's evaluation sets, k samples per problem.
+
+    bapo eval countdown-tiny --task countdown --template compact --k 8    # hub id, local path or bundled policy
+    bapo eval runs/bapo-countdown-x                                       # a run: its final/ policy, task, template
+    bapo eval runs/bapo-countdown-x --checkpoint 30 --run runs/bapo-countdown-x   # checkpoints/step_30, recorded
+
+Per evaluation set (a split of the task, by default its EVAL_SPLITS):
+    mean@k   mean accuracy over all k samples of all problems
+    pass@k   fraction of problems with at least one correct sample among its k (the unbiased estimator of
+             Chen et al. 2021 with n = k samples, which is exactly that)
+    correct / wrong / unparsable / timeout   verdict counts over all samples (verifier health)
+and the average over the sets (each set weighs the same; verdict counts are summed).
+
+Generation goes through the embedded backend, as in training (chat template, images via Problem.images), with
+one model copy (delay=1, kl_coef=0). It samples at `temperature`; temperature 0 is greedy decoding (k must be 1).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bapo_vl.config import Config
+from bapo_vl.plugins import Task, accepts, get_task
+from bapo_vl.problem import Problem, Verdict
+from bapo_vl.record import DB_NAME, RunRecord, query_ro
+
+# Fields a run's config passes on to the evaluation of its policy (unless given).
+INHERITED = ("max_prompt_length", "max_response_length", "min_pixels", "max_pixels")
+VERDICTS = [v.value for v in Verdict]
+
+
+@dataclass
+class EvalOptions:
+    model: str
+    """hub id, local path, bundled policy name, a run directory (its final/ policy) or RUN/checkpoints/step_N"""
+    task: str | None = None
+    """task plugin name; default: the run's task when `model` is a run"""
+    splits: list[str] | None = None
+    """evaluation sets (split names the task's load() accepts); default: the task's EVAL_SPLITS"""
+    checkpoint: int | None = None
+    """with a run directory: evaluate checkpoints/step_N instead of final/"""
+    source: str | None = None
+    """passed to load(source=...) when given"""
+    template: str | None = None
+    """passed to load(template=...) when given; default: the run's task_options.template when `model` is a run"""
+    limit: int | None = None
+    """first N problems of each set (also passed to load() when it takes `limit`)"""
+    options: dict = field(default_factory=dict)
+    """other load() options"""
+    k: int = 8
+    """samples per problem"""
+    temperature: float = 1.0
+    """sampling temperature; 0 = greedy (then k must be 1)"""
+    max_new_tokens: int | None = None
+    """response length limit; default: the run's max_response_length, else Config's"""
+    batch_size: int | None = None
+    """sequences per generate call; default: Config.generate_batch_size"""
+    device: str = "auto"
+    seed: int = 0
+    tasks_dirs: list = field(default_factory=list)
+    """extra folders searched for task plugins (added to the run's tasks_dirs)"""
+    run: str | None = None
+    """also record the results in this run's record (evals table)"""
+    step: int | None = None
+    """step the recorded results belong to; default: the checkpoint's step, else the run's last step"""
+    quiet: bool = False
+    """no progress bar"""
+
+    def __post_init__(self):
+        checks = [
+            (self.k >= 1, f"k={self.k}: need at least one sample per problem"),
+            (self.temperature >= 0, f"temperature={self.temperature} must be >= 0 (0 = greedy)"),
+            (self.temperature > 0 or self.k == 1, "temperature 0 (greedy) gives one answer per problem: use k=1"),
+            (self.limit is None or self.limit >= 1, f"limit={self.limit} must be >= 1"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ValueError(message)
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from n samples of which c are correct: 1 - C(n-c, k) / C(n, k). With n == k it is 1 when
+    any sample is correct, else 0.
+    >>> pass_at_k(2, 1, 2), pass_at_k(2, 0, 2), pass_at_k(4, 1, 2)
+    (1.0, 0.0, 0.5)"""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def set_metrics(correct: list[int], k: int, verdicts: Counter) -> dict:
+    """mean@k, pass@k and verdict counts of one set; `correct[i]` = correct samples of problem i (out of k)."""
+    n = len(correct)
+    return {"n": n, "k": k,
+            "mean@k": sum(correct) / (n * k) if n else 0.0,
+            "pass@k": sum(pass_at_k(k, c, k) for c in correct) / n if n else 0.0,
+            **{v: verdicts.get(v, 0) for v in VERDICTS}}
+
+
+def average(sets: dict[str, dict]) -> dict:
+    """Mean of the sets' mean@k and pass@k (each set weighs the same); problems and verdicts summed."""
+    m = len(sets) or 1
+    return {"n": sum(s["n"] for s in sets.values()),
+            "mean@k": sum(s["mean@k"] for s in sets.values()) / m,
+            "pass@k": sum(s["pass@k"] for s in sets.values()) / m,
+            **{v: sum(s[v] for s in sets.values()) for v in VERDICTS}}
+
+
+# ----------------------------------------------------------------------------- the policy
+
+
+def resolve_policy(model: str, checkpoint: int | None = None) -> tuple[str, Path | None, dict, Path | None]:
+    """(what from_pretrained loads, checkpoint state file or None, the run's config or {}, the run dir or None).
+    A run directory gives its final/ policy, or with `checkpoint` its checkpoints/step_N weights on top of the
+    run's base model; RUN/checkpoints/step_N names a checkpoint directly."""
+    path = Path(model)
+    if (path / "state.pt").is_file() and path.parent.name == "checkpoints" and path.name.startswith("step_"):
+        path, checkpoint = path.parent.parent, int(path.name.removeprefix("step_"))
+    is_run = (path / DB_NAME).is_file() or (path / "final").is_dir() or (path / "checkpoints").is_dir()
+    if not is_run:
+        if checkpoint is not None:
+            raise ValueError(f"checkpoint={checkpoint} needs a run directory as the model, not {model!r}")
+        return model, None, {}, None
+    rows = query_ro(path, "SELECT json FROM config") if (path / DB_NAME).is_file() else []
+    config = json.loads(rows[0]["json"]) if rows else {}
+    if checkpoint is None:
+        if not (path / "final").is_dir():
+            raise FileNotFoundError(f"{path} has no final/ policy (did the run finish?); evaluate a checkpoint "
+                                    f"instead with --checkpoint N ({_checkpoints(path)})")
+        return str(path / "final"), None, config, path
+    state = path / "checkpoints" / f"step_{checkpoint}" / "state.pt"
+    if not state.is_file():
+        raise FileNotFoundError(f"no checkpoint {state} ({_checkpoints(path)})")
+    if "model" not in config:
+        raise FileNotFoundError(f"{path}: the run record holds no config, so the base model of {state} is unknown")
+    return config["model"], state, config, path
+
+
+def _checkpoints(run_dir: Path) -> str:
+    steps = sorted(int(p.name.removeprefix("step_")) for p in (run_dir / "checkpoints").glob("step_*")
+                   if p.name.removeprefix("step_").isdigit())
+    return f"checkpoints: {', '.join(map(str, steps))}" if steps else "the run has no checkpoints"
+
+
+def load_backend(opts: EvalOptions, model: str, state_file: Path | None, run_config: dict):
+    """The embedded backend holding one copy of the policy, set to sample as `opts` says."""
+    import torch
+    from transformers import GenerationConfig
+
+    from bapo_vl.backends.embedded import EmbeddedBackend
+
+    fields = {k: run_config[k] for k in INHERITED if k in run_config}
+    fields.update(model=model, device=opts.device, seed=opts.seed, delay=1, kl_coef=0.0,
+                  temperature=opts.temperature or 1.0)  # greedy: the backend scores at T=1 (unused here)
+    if opts.max_new_tokens is not None:
+        fields["max_response_length"] = opts.max_new_tokens
+    if opts.batch_size is not None:
+        fields["generate_batch_size"] = opts.batch_size
+    backend = EmbeddedBackend(Config(**fields))
+    if state_file is not None:
+        state = torch.load(state_file, map_location="cpu", weights_only=False)
+        backend.policy.load_state_dict(state["backend"]["policy"])
+    if opts.temperature == 0:
+        backend.sampling = GenerationConfig(
+            do_sample=False, max_new_tokens=backend.cfg.max_response_length, pad_token_id=backend.pad_id,
+            eos_token_id=sorted(backend.eos_ids), suppress_tokens=backend.suppress)
+        backend.policy.generation_config = backend.sampling  # generate() fills unset fields from the model's
+    return backend
+
+
+# ----------------------------------------------------------------------------- the sets
+
+
+def load_sets(task: Task, splits: list[str], options: dict, limit: int | None) -> dict[str, list[Problem]]:
+    """{split: problems}; `limit` keeps the first N of each (and goes to load() when it takes `limit`)."""
+    if limit is not None and accepts(task.load, split="x", limit=limit):
+        options = {**options, "limit": limit}
+    sets = {}
+    for split in splits:
+        problems = task.load(split=split, **options)
+        sets[split] = problems[:limit] if limit is not None else problems
+        if not sets[split]:
+            raise ValueError(f"task {task.name}: split {split!r} has no problems")
+    return sets
+
+
+def _progress(quiet: bool):
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("[bold]eval {task.description}"), MofNCompleteColumn(), BarColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
+
+
+def evaluate(backend, task: Task, sets: dict[str, list[Problem]], k: int, quiet: bool = False) -> dict[str, dict]:
+    """Sample k responses per problem, verify them, and return the metrics of each set, plus
+    "problems": {uid: correct count} and "seconds"."""
+    from bapo_vl.trainer import verify_safely
+
+    per_call = max(1, backend.cfg.generate_batch_size // k)  # problems per generate call
+    results = {}
+    with _progress(quiet) as progress:
+        for split, problems in sets.items():
+            bar = progress.add_task(split, total=len(problems))
+            t0, correct, verdicts = time.perf_counter(), [], Counter()
+            for i in range(0, len(problems), per_call):
+                chunk = problems[i:i + per_call]
+                outputs = backend.generate([backend.encode(p) for p in chunk], k, policy="current")
+                for problem, responses in zip(chunk, outputs):
+                    found = [verify_safely(task, backend.decode(tokens), problem.answer) for tokens, _ in responses]
+                    verdicts.update(v.value for v in found)
+                    correct.append(sum(v is Verdict.CORRECT for v in found))
+                progress.update(bar, advance=len(chunk))
+            results[split] = set_metrics(correct, k, verdicts) | {
+                "seconds": time.perf_counter() - t0,
+                "problems": {p.uid: c for p, c in zip(problems, correct)}}
+    return results
+
+
+# ----------------------------------------------------------------------------- the run record
+
+
+def log_to_run(run_dir, task_name: str, result: dict, step: int | None = None) -> int:
+    """Write each set's metrics (and the average) into the run's evals table as `<task>/<set>` and
+    `<task>/average` at `step` (default: the run's last step). Returns the step used."""
+    run_dir = Path(run_dir)
+    if step is None:
+        step = query_ro(run_dir, "SELECT COALESCE(MAX(step), 0) FROM steps")[0][0]
+    record = RunRecord.open(run_dir, resume=False)  # an evaluation resumes nothing: status stays as it is
+    try:
+        named = {f"{task_name}/{s}": m for s, m in result["sets"].items()} | {f"{task_name}/average": result["average"]}
+        for name, metrics in named.items():
+            record.log_eval(step, name, {k: v for k, v in metrics.items() if k not in ("problems", "seconds")})
+    finally:
+        record.close()
+    return step
+
+
+# ----------------------------------------------------------------------------- `bapo eval`
+
+
+def run_eval(opts: EvalOptions) -> dict:
+    """The whole of `bapo eval` but the printing: returns the result as one JSON-able object."""
+    t0 = time.perf_counter()
+    model, state_file, run_config, run_dir = resolve_policy(opts.model, opts.checkpoint)
+    task_name = opts.task or run_config.get("task")
+    if not task_name:
+        raise ValueError(f"{opts.model} is not a run directory: name the task with --task")
+    task = get_task(task_name, [*run_config.get("tasks_dirs", []), *opts.tasks_dirs])
+    splits = opts.splits or task.eval_splits
+    if not splits:
+        raise ValueError(f"task {task.name} ({task.origin}) declares no EVAL_SPLITS: name the sets with --splits")
+    template = opts.template or (run_config.get("task_options") or {}).get("template")
+    options = {**opts.options, **{k: v for k, v in (("source", opts.source), ("template", template)) if v is not None}}
+    sets = load_sets(task, splits, options, opts.limit)
+    backend = load_backend(opts, model, state_file, run_config)
+    per_set = evaluate(backend, task, sets, opts.k, quiet=opts.quiet)
+    checkpoint = int(state_file.parent.name.removeprefix("step_")) if state_file is not None else None
+    result = {
+        "model": opts.model, "policy": model if state_file is None else str(state_file), "checkpoint": checkpoint,
+        "task": task.name, "task_origin": task.origin, "splits": list(sets), "options": options,
+        "k": opts.k, "temperature": opts.temperature, "max_new_tokens": backend.cfg.max_response_length,
+        "seed": opts.seed, "sets": per_set, "average": average(per_set),
+        "run": None, "step": None, "seconds": None,
+    }
+    if opts.run:
+        same_run = run_dir is not None and Path(opts.run).resolve() == run_dir.resolve()
+        step = opts.step if opts.step is not None else checkpoint if same_run else None
+        result["run"], result["step"] = str(opts.run), log_to_run(opts.run, task.name, result, step)
+    result["seconds"] = time.perf_counter() - t0
+    return result
+
+
+def print_result(result: dict) -> None:
+    from bapo_vl.runs_cli import _print_table
+
+    k = result["k"]
+    rows = [[name, str(m["n"]), f"{m['mean@k']:.3f}", f"{m['pass@k']:.3f}", *(str(m[v]) for v in VERDICTS)]
+            for name, m in [*result["sets"].items(), ("average", result["average"])]]
+    where = f" checkpoint {result['checkpoint']}" if result["checkpoint"] is not None else ""
+    _print_table(f"{result['task']}: {result['model']}{where}, k={k}, temperature={result['temperature']}",
+                 ["set", "problems", f"mean@{k}", f"pass@{k}", *VERDICTS], rows)
+    if result["run"]:
+        print(f"recorded in {result['run']} (evals table) at step {result['step']}")
+
+
+def cmd_eval(opts: EvalOptions, as_json: bool = False, out: str | None = None) -> int:
+    result = run_eval(opts)
+    text = json.dumps(result, allow_nan=False)
+    if out:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        Path(out).write_text(text + "\n")
+    if as_json:
+        print(text)
+    else:
+        print_result(result)
+        if out:
+            print(f"results: {out}")
+    return 0
+
+
+FIELDS = {f.name for f in dataclasses.fields(EvalOptions)}

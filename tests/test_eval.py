@@ -1,0 +1,94 @@
+"""`bapo eval` end to end on CPU: the bundled countdown-tiny policy (a real trained model) on 20-problem slices of
+countdown's cd34 and cd4 sets, and a real 1-step run whose record receives the results. Nothing is mocked."""
+import json
+from pathlib import Path
+
+import pytest
+
+from bapo_vl.cli import main
+from bapo_vl.evaluate import pass_at_k
+from bapo_vl.record import query_ro, read_meta, read_run
+
+VERDICTS = ("correct", "wrong", "unparsable", "timeout")
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    """A finished 1-step run of the default (tiny countdown) preset: final/, checkpoints/step_1, run.db."""
+    root = tmp_path_factory.mktemp("runs")
+    assert main(["train", "--quiet", f"run_dir={root}", "name=r", "steps=1", "batch_size=4", "group_size=4",
+                 "max_response_length=40"]) == 0
+    return root / "r"
+
+
+def check_set(m: dict, n: int, k: int):
+    assert m["n"] == n and m["k"] == k
+    assert 0.0 <= m["mean@k"] <= m["pass@k"] <= 1.0  # a problem with any correct sample counts fully in pass@k
+    assert sum(m[v] for v in VERDICTS) == n * k  # every sample got one verdict
+    assert m["mean@k"] == pytest.approx(m["correct"] / (n * k))
+    assert len(m["problems"]) == n and sum(m["problems"].values()) == m["correct"]
+    assert m["pass@k"] == pytest.approx(sum(c > 0 for c in m["problems"].values()) / n)
+
+
+def test_pass_at_k_estimator():
+    # n == k: any correct sample -> 1; n > k: the unbiased estimator 1 - C(n-c, k) / C(n, k)
+    assert pass_at_k(2, 0, 2) == 0.0 and pass_at_k(2, 1, 2) == 1.0 and pass_at_k(2, 2, 2) == 1.0
+    assert pass_at_k(4, 1, 2) == pytest.approx(0.5)  # 1 - C(3,2)/C(4,2) = 1 - 3/6
+    assert pass_at_k(8, 0, 1) == 0.0 and pass_at_k(8, 2, 1) == pytest.approx(0.25)  # pass@1 = mean accuracy
+
+
+def test_eval_bundled_policy_table_json_and_run_record(tmp_path, capsys, run_dir):
+    # Could fail if the prompts were rendered differently than in training (then the trained policy would score 0),
+    # if mean@k/pass@k were mixed up or miscounted, or if the results did not reach the run's evals table.
+    out = tmp_path / "eval.json"
+    assert main(["eval", "countdown-tiny", "--task", "countdown", "--template", "compact", "--splits", "cd34,cd4",
+                 "--limit", "20", "--k", "2", "--max-new-tokens", "40", "--device", "cpu", "--out", str(out),
+                 "--run", str(run_dir)]) == 0
+    printed = capsys.readouterr().out
+    for word in ("cd34", "cd4", "average", "mean@2", "pass@2", "unparsable", "recorded in"):
+        assert word in printed, word
+    result = json.loads(out.read_text())
+    assert result["task"] == "countdown" and result["k"] == 2 and result["splits"] == ["cd34", "cd4"]
+    assert result["options"]["template"] == "compact"
+    for split in ("cd34", "cd4"):
+        check_set(result["sets"][split], 20, 2)
+    assert result["sets"]["cd34"]["correct"] > 0  # the policy solves ~40 % of 3-number problems: the pipeline works
+    avg = result["average"]
+    assert avg["mean@k"] == pytest.approx((result["sets"]["cd34"]["mean@k"] + result["sets"]["cd4"]["mean@k"]) / 2)
+    assert avg["n"] == 40 and 0 <= avg["mean@k"] <= avg["pass@k"] <= 1
+
+    last = read_run(run_dir)["summary"]["last_step"]
+    assert result["run"] == str(run_dir) and result["step"] == last == 1
+    rows = query_ro(run_dir, "SELECT name, metric, value FROM evals WHERE step = ?", (last,))
+    recorded = {(r["name"], r["metric"]): r["value"] for r in rows}
+    for name, m in [("countdown/cd34", result["sets"]["cd34"]), ("countdown/cd4", result["sets"]["cd4"]),
+                    ("countdown/average", avg)]:
+        assert recorded[(name, "mean@k")] == pytest.approx(m["mean@k"])
+        assert recorded[(name, "pass@k")] == pytest.approx(m["pass@k"])
+        assert recorded[(name, "correct")] == m["correct"]
+    assert read_meta(run_dir)["status"] == "finished"  # recording an evaluation does not mark the run as running
+    assert "resumed_at" not in read_meta(run_dir)
+
+
+def test_eval_run_checkpoint_greedy_json(capsys, run_dir):
+    # Could fail if a run directory did not give its task and template (countdown, compact), if the checkpoint's
+    # weights were not loaded, if greedy decoding (temperature 0) failed, or --json printed anything but JSON.
+    args = ["eval", str(run_dir), "--checkpoint", "1", "--splits", "cd4", "--limit", "4", "--k", "1",
+            "--temperature", "0", "--json", "--quiet", "--device", "cpu", "--run", str(run_dir), "--step", "7"]
+    assert main(args) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["task"] == "countdown" and result["options"] == {"template": "compact"}
+    assert result["checkpoint"] == 1 and result["policy"].endswith("step_1/state.pt")
+    check_set(result["sets"]["cd4"], 4, 1)
+    assert result["step"] == 7
+    assert {r["name"] for r in query_ro(run_dir, "SELECT name FROM evals WHERE step = 7")} == {
+        "countdown/cd4", "countdown/average"}
+
+
+def test_eval_errors_say_what_to_change(capsys, tmp_path):
+    assert main(["eval", "countdown-tiny"]) == 2  # a bare model has no task
+    assert "--task" in capsys.readouterr().err
+    assert main(["eval", "countdown-tiny", "--task", "countdown", "--temperature", "0", "--k", "2"]) == 2
+    assert "k=1" in capsys.readouterr().err
+    assert main(["eval", str(tmp_path), "--checkpoint", "3"]) == 2  # not a run directory
+    assert "run directory" in capsys.readouterr().err
