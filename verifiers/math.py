@@ -1,0 +1,983 @@
+"""Math answers: extract the final answer of a response and decide whether it equals the reference.
+
+Checks go cheapest first, all but the last in this process:
+  (a) normalised strings (LaTeX spacing, \\dfrac, \\left/\\right, units, degrees, percent, "x=", thousands
+      separators, \\frac12, \\sqrt2, ...);
+  (b) structure (intervals, tuples, unordered sets/lists, unions, matrices, "a \\pm b") and the exact value of
+      each element from a small bounded evaluator: Fractions for rationals (so 1/2004! != 1/2006!), complex
+      floats with relative tolerance NUMERIC_REL_TOL once sqrt, pi or i appear; every power, factorial and
+      intermediate result is capped in size, so power towers and 1000000! are refused (WRONG) at once;
+  (c) expressions in variables are evaluated exactly at two fixed rational points: different values there
+      mean WRONG at once (equal values prove nothing and go on);
+  (d) only what is still open (x^2-1 = (x-1)(x+1), trig identities, equations, inequalities vs intervals)
+      goes to math-verify/sympy, in ONE call to a killable worker process (verifiers.sandbox) under
+      SYMBOLIC_TIMEOUT seconds, after a screen that keeps huge exponents, factorials, literals, deep nesting
+      and malformed input away from sympy. There, too, two-point evaluation runs before math-verify, and it
+      overrules math-verify's 6-decimal rounding (which accepted 1/2004! for 1/2006!).
+Verdicts: UNPARSABLE when no final answer can be extracted, TIMEOUT when the symbolic check hits its limit or
+its worker dies, else CORRECT/WRONG. `verify` never raises. Nothing from the response is ever eval'ed.
+"""
+from __future__ import annotations
+
+import cmath
+import math
+import os
+import re
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from fractions import Fraction
+
+from bapo_vl.problem import Verdict
+
+from . import sandbox
+
+VERIFIER_VERSION = "math-1.0"
+MAX_RESPONSE_CHARS = 10_000  # only the tail of a response is searched for the answer
+MAX_ANSWER_CHARS = 1_000  # a longer extracted answer counts as unparsable
+SYMBOLIC_TIMEOUT = 5.0  # seconds per response for the sandboxed symbolic check
+SANDBOX_WORKERS = max(1, min(4, os.cpu_count() or 1))
+SANDBOX_MEMORY_MB = 3072  # address-space cap of a sandbox worker
+NUMERIC_REL_TOL = 1e-6  # for values involving irrationals (exact rationals compare exactly)
+MAX_DEPTH = 40  # bracket nesting / evaluator recursion
+MAX_BITS = 40_000  # numerator/denominator size of exact values (about 12,000 digits)
+MAX_FACTORIAL = 3_000
+MAX_SET_SIZE = 32
+# for the symbolic step only
+SYMBOLIC_MAX_CHARS = 400
+SYMBOLIC_MAX_DEPTH = 12
+SYMBOLIC_MAX_EXPONENT = 1_000
+SYMBOLIC_MAX_DIGITS = 60
+
+
+# ---------------------------------------------------------------- extraction
+
+_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
+_BRACE = re.compile(r"\\.|[{}]", re.S)
+_FINAL = re.compile(r"answer(?:\*\*)?\s*(?:is\b\s*[:：]?|[:：=])\s*(?:\*\*)?[ \t]*([^\n]+)", re.I)
+_MATH_SPAN = re.compile(r"\$\$?([^$]+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]")
+
+
+def _match_brace(text: str, i: int) -> int | None:
+    """Index of the brace closing the one at text[i] (escaped braces skipped), or None."""
+    depth = 0
+    for m in _BRACE.finditer(text, i):
+        t = m.group()
+        if t == "{":
+            depth += 1
+        elif t == "}":
+            depth -= 1
+            if depth == 0:
+                return m.start()
+    return None
+
+
+def _last_boxed(text: str) -> str | None:
+    for m in list(_BOX.finditer(text))[::-1][:20]:
+        i = m.end()
+        while i < len(text) and text[i] == " ":
+            i += 1
+        if text[i:i + 1] == "{":
+            end = _match_brace(text, i)
+            if end is not None:
+                return text[i + 1:end]
+        else:  # "\boxed 5"
+            found = re.match(r"[^\s$]+", text[i:i + MAX_ANSWER_CHARS + 1])
+            if found:
+                return found.group()
+    return None
+
+
+def _clean_final(text: str) -> str:
+    """The answer part of what follows "Answer:" / "the answer is"."""
+    text = text.strip().strip("*").strip()
+    boxed = _last_boxed(text)
+    if boxed is not None:
+        return boxed
+    spans = list(_MATH_SPAN.finditer(text))
+    if spans:  # the first math span, with any that follow it joined by ",", "and", "or"
+        parts, end = [], spans[0].start()
+        for m in spans:
+            if not re.fullmatch(r"\s*(?:,|;)?\s*(?:(?:and|or)\s*)?", text[end:m.start()]):
+                break
+            parts.append(next(g for g in m.groups() if g is not None))
+            end = m.end()
+        return ",".join(parts)
+    m = re.match(r"(.*?)(?:\.\s|\.?$)", text)  # up to the end of the sentence ("13. I hope it is correct")
+    return m.group(1) if m else text
+
+
+def extract_answer(response: str) -> str | None:
+    """The final answer: the last \\boxed{...}/\\fbox{...}, else the last <answer>...</answer>, else the last
+    "Answer: ..." / "The answer is ..." line; None if there is none or it is longer than MAX_ANSWER_CHARS.
+
+    >>> extract_answer("so the result is 13.\\n\\nAnswer: $13$")
+    '13'
+    """
+    if not isinstance(response, str):
+        return None
+    text = response[-MAX_RESPONSE_CHARS:].replace("\x00", "")
+    found = _last_boxed(text)
+    if found is None:
+        end = text.rfind("</answer>")
+        start = text.rfind("<answer>", 0, end if end >= 0 else len(text))
+        if start >= 0:
+            found = text[start + len("<answer>"):end if end >= 0 else len(text)]
+            final = list(_FINAL.finditer(found))
+            found = _clean_final(final[-1].group(1)) if final else _clean_final(found) if "$" in found else found
+    if found is None:
+        final = list(_FINAL.finditer(text))
+        if final:
+            found = _clean_final(final[-1].group(1))
+    if found is None:
+        return None
+    found = found.strip()
+    if not found or len(found) > MAX_ANSWER_CHARS:
+        return None
+    return found
+
+
+# ---------------------------------------------------------------- normalisation
+
+_UNICODE = {"−": "-", "–": "-", "—": "-", "×": "\\times ", "÷": "\\div ", "·": "\\cdot ", "⋅": "\\cdot ",
+            "π": "\\pi ", "√": "\\sqrt", "∞": "\\infty ", "°": "^\\circ", "≤": "\\le ", "≥": "\\ge ",
+            "≠": "\\ne ", "∪": "\\cup ", "∈": "\\in ", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "，": ","}
+_TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|textup|mbox|mathrm|mathbf|mathit|mathsf|"
+                       r"mathbb|operatorname|boldsymbol|bm|hbox)\s*\{")
+_UNITS = (r"(?:square\s+|sq\.?\s+|cubic\s+)?(?:units?|cm|mm|km|m|meters?|metres?|centimeters?|kilometers?|inch(?:es)?|"
+          r"in|feet|foot|ft|yards?|yd|miles?|mi|degrees?|deg|radians?|rad|dollars?|cents?|hours?|hrs?|minutes?|mins?|"
+          r"seconds?|secs?|s|days?|weeks?|months?|years?|mph|kph|pounds?|lbs?|ounces?|oz|grams?|g|kg|liters?|litres?|"
+          r"ml|gallons?|people|persons?|students?|ways|times|points?|coins?|marbles?|books?|pages?|percent)")
+_UNIT_TEXT = re.compile(rf"\s*{_UNITS}(?:\s*(?:/|per)\s*{_UNITS})?\s*\.?\s*", re.I)
+_TRAILING_UNIT = re.compile(rf"(?<=[\d}}])\s+(?=[a-zA-Z]{{2}}){_UNITS}(?:\s*(?:/|per)\s*{_UNITS})?"
+                            r"(?:\^\{?[23]\}?)?\s*\.?$", re.I)
+_SIZING = re.compile(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|biggl|biggr|Biggl|Biggr|big|Big|bigg|Bigg)(?![a-zA-Z])")
+_SPACING = re.compile(r"\\\\|\\[,:;>! ]|\\q?quad(?![a-zA-Z])|\\(?:displaystyle|textstyle|limits)(?![a-zA-Z])|~")
+_TOKEN = re.compile(r"\\[a-zA-Z]+|\\.|\d+(?:\.\d*)?(?:[eE][-+]?\d+)?|\.\d+(?:[eE][-+]?\d+)?|.", re.S)
+_FUNCTION = re.compile(r"(?<![\\a-zA-Z])(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|cot|sec|csc|log|ln|exp|sqrt)"
+                       r"(?![a-zA-Z])")
+_LABEL = re.compile(r"\\(?:textbf|text|mathrm|mathbf|mbox|textrm)\s*\{\s*\(\s*([A-E])\s*\)\s*(?:\\[ ,;:!]|~|\s)*\}"
+                    r"|\\(?:textbf|text)\s*\{\s*([A-E])\s*\}"
+                    r"|\(\s*\\(?:textbf|text|mathrm|mathbf)\s*\{\s*([A-E])\s*\}\s*\)"
+                    r"|^\s*\(([A-E])\)(?=\s*\S)"
+                    r"|(?P<open>\\(?:textbf|text|mathrm)\s*\{)\s*\(([A-E])\)(?=(?:\\[ ,;:!]|~|\s)*[^\s}\\~])")
+_VAR_PREFIX = re.compile(r"[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?(?:\([a-zA-Z]\))?(?:=|\\in(?![a-zA-Z]))")
+
+
+def _choice_letter(s: str) -> str | None:
+    """The letter of the last multiple-choice label ("\\textbf{(C)}", "\\text{(C)}", "(\\text{C})", "(C) ...")."""
+    found = [next(g for g in m.groups() if g) for m in _LABEL.finditer(s)]
+    return found[-1] if found else None
+
+
+def _drop_choice_label(s: str) -> str:
+    """"\\textbf{(C)}\\ 6" -> "6"; a label alone -> its letter."""
+    letter = _choice_letter(s)
+    if letter is None:
+        return s
+    rest = _LABEL.sub(lambda m: m.group("open") or " ", s)
+    return rest if re.search(r"[0-9A-Za-z\\]", _SPACING.sub("", rest)) else letter
+
+
+def _replace_text_blocks(s: str) -> str:
+    """\\text{...}-like blocks: the whole answer -> its content; "or"/"and" -> ","; unit or word -> removed
+    (with a following ^2 / ^3); anything else -> its content."""
+    for _ in range(50):
+        m = _TEXT_CMD.search(s)
+        if not m:
+            return s
+        end = _match_brace(s, m.end() - 1)
+        if end is None:
+            return s[:m.start()] + s[m.end():]
+        content = s[m.end():end]
+        tail = end + 1
+        if not s[:m.start()].strip() and not s[tail:].strip(" ."):
+            return content.strip()
+        if m.group().startswith("\\operatorname"):
+            new = content
+        elif re.fullmatch(r"\s*(?:or|and)\s*", content):
+            new = ","
+        elif _UNIT_TEXT.fullmatch(content) or re.fullmatch(r"\s*[a-zA-Z][a-zA-Z .]+\s*", content):
+            new = ""
+            power = re.match(r"\s*\^\s*(?:\{\s*[23]\s*\}|[23])", s[tail:])
+            if power:
+                tail += power.end()
+        else:
+            new = content
+        s = s[:m.start()] + new + s[tail:]
+    return s
+
+
+def _brace_args(s: str) -> str:
+    """\\frac12 -> \\frac{1}{2}, \\sqrt2 -> \\sqrt{2}, \\frac{270}7 -> \\frac{270}{7} (right to left, so nested ones too)."""
+    for m in list(re.finditer(r"\\(frac|sqrt)(?![a-zA-Z])", s))[::-1][:200]:
+        i = m.end()
+        if m.group(1) == "sqrt" and s[i:i + 1] == "[":
+            close = s.find("]", i)
+            if close < 0:
+                continue
+            i = close + 1
+        for _ in range(2 if m.group(1) == "frac" else 1):
+            while s[i:i + 1] == " ":
+                i += 1
+            if s[i:i + 1] == "{":
+                end = _match_brace(s, i)
+                if end is None:
+                    break
+                i = end + 1
+                continue
+            arg = re.match(r"\d|[a-zA-Z]|\\(?!frac|sqrt)[a-zA-Z]+", s[i:i + 40])
+            if not arg:
+                break
+            s = s[:i] + "{" + arg.group() + "}" + s[i + arg.end():]
+            i += arg.end() + 2
+    return s
+
+
+def _strip_outer(s: str, open_: str, close: str) -> str:
+    while s.startswith(open_) and s.endswith(close) and _closes_at_end(s):
+        s = s[len(open_):len(s) - len(close)]
+    return s
+
+
+def _closes_at_end(s: str) -> bool:
+    """Does the bracket opening s close only at its last character?"""
+    depth = 0
+    toks = _tokens(s)
+    for k, t in enumerate(toks):
+        depth += _OPENERS.get(t, 0)
+        if depth == 0 and k < len(toks) - 1:
+            return False
+    return depth == 0
+
+
+_OPENERS = {"(": 1, "[": 1, "{": 1, "\\{": 1, ")": -1, "]": -1, "}": -1, "\\}": -1}
+
+
+def _tokens(s: str) -> list[str]:
+    return _TOKEN.findall(s)
+
+
+def normalize(s: str) -> str:
+    """Canonical LaTeX string of an answer (see the module docstring); only string rewrites, no evaluation."""
+    s = str(s)[:MAX_RESPONSE_CHARS]
+    s = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", s)
+    for k, v in _UNICODE.items():
+        if k in s:
+            s = s.replace(k, v)
+    s = re.sub(r"\\\\|\\[$()\[\]]|\$", lambda m: m.group() if m.group() == "\\\\" else "", s)
+    s = re.sub(r"\\(?:Rightarrow|Longrightarrow|implies)\s*(?:\\text(?:bf)?\{\s*\(?[A-E]\)?\s*\}|\(?[A-E]\)?)\s*$", "", s)
+    s = _drop_choice_label(s)
+    s = re.sub(r"\\(?:dfrac|tfrac|cfrac)(?![a-zA-Z])", r"\\frac", s)
+    s = re.sub(r"\\hspace\*?\{[^{}]*\}|\\textdollar(?![a-zA-Z])", " ", s)
+    s = re.sub(r"\\(?:left|right)\s*\.", "", s)
+    s = _SIZING.sub("", s)
+    s = _SPACING.sub(lambda m: m.group() if m.group() == "\\\\" else " ", s)
+    s = s.replace("{,}", ",").replace("\\lbrace", "\\{").replace("\\rbrace", "\\}")
+    s = re.sub(r"\\langle(?![a-zA-Z])", "(", s)
+    s = re.sub(r"\\rangle(?![a-zA-Z])", ")", s)
+    s = re.sub(r"\\(?:leq|leqslant)(?![a-zA-Z])", r"\\le", s)
+    s = re.sub(r"\\(?:geq|geqslant)(?![a-zA-Z])", r"\\ge", s)
+    s = re.sub(r"\\(?:neq)(?![a-zA-Z])", r"\\ne", s)
+    s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])", "", s)
+    s = s.replace("\\%", "").replace("%", "")
+    s = _replace_text_blocks(s).strip()
+    s = _TRAILING_UNIT.sub("", s)
+    s = re.sub(r"(?:,|(?<=[\w})])\s)\s*(?:or|and)\s+(?=[\w\\{(-])", ",", s)  # "2, 3, or 4", "9 and -7"
+    s = _FUNCTION.sub(r"\\\1", s)
+    s = re.sub(r"^(?:final\s+)?answer\s*[:=]", "", s.strip(), flags=re.I)
+    s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])", "\\1\x01", s)  # keep "\cot x" apart
+    s = re.sub(r"\s+", "", s).replace("\x01", " ")
+    s = s.rstrip(".").rstrip("\\").rstrip(",").lstrip(",")
+    s = re.sub(r"\^\{\}|_\{\}", "", s).replace("{-}", "-").replace("{+}", "+").replace("\\mid", "|")
+    s = re.sub(r",{2,}", ",", s.lstrip("="))
+    s = _brace_args(s)
+    s = re.sub(r"([\^_])\{(\w)\}", r"\1\2", s)
+    s = re.sub(r"(?<![a-zA-Z\\])pi(?![a-zA-Z])", r"\\pi", s)
+    s = re.sub(r"(?<![\d.])\.(\d)", r"0.\1", s)
+    s = re.sub(r"\+\\infty", r"\\infty", s)
+    s = re.sub(r"^\+(?=\d)", "", s)
+    s = _strip_outer(s, "{", "}")
+    m = _VAR_PREFIX.match(s)
+    if m and m.end() < len(s) and "=" not in s[m.end():]:
+        s = s[m.end():]
+    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s):
+        s = s.replace(",", "")
+    m = re.fullmatch(r"(-?)(\d+)\\frac\{(\d+)\}\{(\d+)\}", s)  # mixed number 1\frac{4}{5}
+    if m and int(m.group(4)) and len(s) < 100:
+        whole, num, den = int(m.group(2)), int(m.group(3)), int(m.group(4))
+        s = f"{m.group(1)}\\frac{{{whole * den + num}}}{{{den}}}"
+    m = re.fullmatch(r"\(([A-Z])\)|([A-Z])[.)]", s)
+    if m:
+        s = m.group(1) or m.group(2)
+    return s
+
+
+# ---------------------------------------------------------------- bounded evaluator
+
+class _NotNumeric(Exception):
+    """Not a closed numeric expression (variables, functions, unknown commands): undecided."""
+
+
+class _TooBig(Exception):
+    """Over a resource cap (power tower, huge factorial, deep nesting): refused."""
+
+
+class _Undefined(Exception):
+    """Division by zero and the like."""
+
+
+def _check_size(v):
+    if isinstance(v, Fraction):
+        if v.numerator.bit_length() > MAX_BITS or v.denominator.bit_length() > MAX_BITS:
+            raise _TooBig("value too large")
+        return v
+    if cmath.isnan(v) or cmath.isinf(v):
+        raise _NotNumeric("float overflow")
+    return v
+
+
+def _approx(v) -> complex:
+    if isinstance(v, Fraction):
+        try:
+            z = complex(float(v))
+        except OverflowError:
+            raise _NotNumeric("too large for floats") from None
+        if z == 0 and v != 0:
+            raise _NotNumeric("too small for floats")
+        return z
+    return v
+
+
+def _arith(op: str, a, b):
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        if op == "/" and b == 0:
+            raise _Undefined("division by zero")
+        return _check_size(a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b)
+    a, b = _approx(a), _approx(b)
+    if op == "/" and b == 0:
+        raise _Undefined("division by zero")
+    return _check_size(a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b)
+
+
+def _int_root(n: int, k: int) -> int | None:
+    if n < 0 or n.bit_length() > 4000:
+        return None
+    r = round(n ** (1.0 / k)) if n.bit_length() < 1000 else None
+    if r is None:
+        return None
+    for c in (r - 1, r, r + 1):
+        if c >= 0 and c ** k == n:
+            return c
+    return None
+
+
+def _pow(a, b):
+    if isinstance(b, Fraction) and b.denominator == 1:
+        e = b.numerator
+        if isinstance(a, Fraction):
+            if a == 0:
+                if e < 0:
+                    raise _Undefined("0 to a negative power")
+                return Fraction(1) if e == 0 else Fraction(0)
+            if abs(a) == 1:
+                return a ** (e % 2)
+            if abs(e) * max(a.numerator.bit_length(), a.denominator.bit_length()) > MAX_BITS:
+                raise _TooBig("power too large")
+            return _check_size(a ** e)
+        if abs(e) > 10_000:
+            raise _TooBig("exponent too large")
+        if a == 0 and e < 0:
+            raise _Undefined("0 to a negative power")
+        return _check_size(a ** e)
+    if isinstance(b, Fraction) and isinstance(a, Fraction) and a >= 0 and b.denominator <= 64:
+        num, den = _int_root(a.numerator, b.denominator), _int_root(a.denominator, b.denominator)
+        if num is not None and den is not None:
+            return _pow(Fraction(num, den), Fraction(b.numerator))
+    za, zb = _approx(a), _approx(b)
+    if abs(zb) > 10_000:
+        raise _TooBig("exponent too large")
+    if za == 0:
+        if zb.real <= 0:
+            raise _Undefined("0 to a non-positive power")
+        return complex(0)
+    try:
+        return _check_size(za ** zb)
+    except OverflowError:
+        raise _NotNumeric("float overflow") from None
+
+
+def _factorial(v):
+    if not (isinstance(v, Fraction) and v.denominator == 1 and v >= 0):
+        raise _NotNumeric("factorial of a non-integer")
+    if v > MAX_FACTORIAL:
+        raise _TooBig("factorial too large")
+    return Fraction(math.factorial(int(v)))
+
+
+def _number(tok: str) -> Fraction:
+    tok = tok.rstrip(".")
+    if len(tok) > 400:
+        raise _TooBig("literal too long")
+    m = re.fullmatch(r"(\d*\.?\d*)[eE]([-+]?\d+)", tok)
+    if m and abs(int(m.group(2))) > 400:
+        raise _TooBig("exponent too large")
+    return Fraction(tok)
+
+
+_MUL = {"*", "\\cdot", "\\times"}
+_DIV = {"/", "\\div"}
+_CONST = {"\\pi": complex(math.pi), "i": 1j}
+
+
+_ATOM_START = {"(", "{", "\\frac", "\\sqrt", "\\pi"}
+_GREEK = {"\\" + g for g in ("alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta kappa lambda mu "
+                              "nu xi rho sigma tau phi varphi chi psi omega").split()}
+
+
+class _Evaluator:
+    """Recursive descent over LaTeX tokens: + - * / \\cdot \\times \\div ^ ! \\frac \\sqrt[n] \\pi i, implicit
+    multiplication, () {} grouping. Raises _NotNumeric / _TooBig / _Undefined."""
+
+    def __init__(self, s: str, env: dict | None = None):
+        self.env = env or {}  # values of variables (the random-point check)
+        self.toks = [t for t in _tokens(s) if not t.isspace()]
+        self.i = 0
+        self.depth = 0
+
+    def value(self):
+        v = self.expr()
+        if self.i != len(self.toks):
+            raise _NotNumeric(f"unexpected {self.toks[self.i]!r}")
+        return v
+
+    def peek(self):
+        return self.toks[self.i] if self.i < len(self.toks) else None
+
+    def take(self):
+        t = self.peek()
+        if t is None:
+            raise _NotNumeric("unexpected end")
+        self.i += 1
+        return t
+
+    def enter(self):
+        self.depth += 1
+        if self.depth > MAX_DEPTH:
+            raise _TooBig("nested too deeply")
+
+    def expr(self):
+        self.enter()
+        v = self.term()
+        while self.peek() in ("+", "-"):
+            op = self.take()
+            v = _arith(op, v, self.term())
+        self.depth -= 1
+        return v
+
+    def term(self):
+        v = self.unary()
+        while True:
+            t = self.peek()
+            if t in _MUL:
+                self.take()
+                v = _arith("*", v, self.unary())
+            elif t in _DIV:
+                self.take()
+                v = _arith("/", v, self.unary())
+            elif t is not None and (t[0].isdigit() or t[0] == "." or t.isalpha() or t in _ATOM_START or t in self.env):
+                v = _arith("*", v, self.power())  # implicit multiplication: 2\pi, 3\sqrt{2}, 2(3)
+            else:
+                return v
+
+    def unary(self):
+        t = self.peek()
+        if t in ("-", "+"):
+            self.take()
+            self.enter()
+            v = self.unary()
+            self.depth -= 1
+            return _arith("-", Fraction(0), v) if t == "-" else v
+        return self.power()
+
+    def power(self):
+        base = self.postfix()
+        if self.peek() == "^":
+            self.take()
+            self.enter()
+            sign = self.take() if self.peek() in ("-", "+") else "+"
+            e = self.power()
+            if sign == "-":
+                e = _arith("-", Fraction(0), e)
+            self.depth -= 1
+            return _pow(base, e)
+        return base
+
+    def postfix(self):
+        v = self.atom()
+        while self.peek() == "!":
+            self.take()
+            v = _factorial(v)
+        return v
+
+    def group(self):
+        if self.peek() == "{":
+            self.take()
+            v = self.expr()
+            if self.take() != "}":
+                raise _NotNumeric("unbalanced braces")
+            return v
+        return self.postfix()
+
+    def atom(self):
+        self.enter()
+        t = self.take()
+        if t[0].isdigit() or t[0] == ".":
+            v = _number(t)
+        elif t in ("(", "{"):
+            v = self.expr()
+            if self.take() != {"(": ")", "{": "}"}[t]:
+                raise _NotNumeric("unbalanced brackets")
+        elif t == "\\frac":
+            num = self.group()
+            v = _arith("/", num, self.group())
+        elif t == "\\sqrt":
+            k = Fraction(2)
+            if self.peek() == "[":
+                self.take()
+                k = self.expr()
+                if self.take() != "]":
+                    raise _NotNumeric("unbalanced \\sqrt[")
+            v = _pow(self.group(), _arith("/", Fraction(1), k))
+        elif t in _CONST:
+            v = _CONST[t]
+        elif t in self.env:
+            v = self.env[t]
+        else:
+            raise _NotNumeric(f"not numeric: {t!r}")
+        self.depth -= 1
+        return v
+
+
+def _value(s: str):
+    """("ok", value) | ("notnum", None) | ("toobig", None) | ("undefined", None)."""
+    try:
+        return "ok", _Evaluator(s).value()
+    except _NotNumeric:
+        return "notnum", None
+    except _TooBig:
+        return "toobig", None
+    except (_Undefined, ZeroDivisionError):
+        return "undefined", None
+    except (OverflowError, ValueError, ArithmeticError):
+        return "notnum", None
+
+
+def _differ_at_points(p: str, g: str) -> bool:
+    """True if p and g, as functions of their single-letter / Greek variables, take different exact values at
+    one of two fixed rational points (then they are certainly not equal). False: no conclusion (equal there,
+    or not rational at the points: roots, pi, functions, ...)."""
+    names = sorted({t for t in _tokens(p) + _tokens(g) if len(t) == 1 and t.isalpha() and t not in "ie" or t in _GREEK})
+    if not names or len(names) > 8:
+        return False
+    for j in range(2):
+        env = {n: Fraction(11 + 7 * k + 3 * j, 5 + 2 * k + j) for k, n in enumerate(names)}
+        try:
+            a, b = _Evaluator(p, env).value(), _Evaluator(g, env).value()
+        except (_NotNumeric, _TooBig, _Undefined, ArithmeticError, ValueError):
+            return False
+        if not (isinstance(a, Fraction) and isinstance(b, Fraction)):
+            return False
+        if a != b:
+            return True
+    return False
+
+
+def _num_equal(a, b) -> bool | None:
+    if isinstance(a, Fraction) and isinstance(b, Fraction):
+        return a == b
+    try:
+        a, b = _approx(a), _approx(b)
+    except _NotNumeric:
+        return None
+    return abs(a - b) <= NUMERIC_REL_TOL * max(abs(a), abs(b)) + 1e-15
+
+
+# ---------------------------------------------------------------- structure and comparison
+
+def _split_top(s: str, sep: str) -> list[str]:
+    """s split at the separator token `sep` outside brackets."""
+    parts, cur, depth = [], [], 0
+    for t in _tokens(s):
+        depth += _OPENERS.get(t, 0)
+        if t == sep and depth == 0:
+            parts.append("".join(cur))
+            cur = []
+        else:
+            cur.append(t)
+    parts.append("".join(cur))
+    return parts
+
+
+def _depth(s: str) -> int:
+    depth = best = 0
+    for t in _tokens(s):
+        depth += _OPENERS.get(t, 0)
+        best = max(best, depth)
+    return best
+
+
+def _strip_var(s: str) -> str:
+    m = _VAR_PREFIX.match(s)
+    return s[m.end():] if m and m.end() < len(s) and "=" not in s[m.end():] else s
+
+
+def _expand_pm(elems: list[str]) -> list[str]:
+    """1\\pm\\sqrt{2} -> 1+\\sqrt{2}, 1-\\sqrt{2} (one \\pm or \\mp per element)."""
+    out = []
+    for e in elems:
+        toks = _tokens(e)
+        pm = [k for k, t in enumerate(toks) if t in ("\\pm", "\\mp")]
+        if len(pm) == 1:
+            k = pm[0]
+            first, second = ("+", "-") if toks[k] == "\\pm" else ("-", "+")
+            out += ["".join(toks[:k] + [first] + toks[k + 1:]), "".join(toks[:k] + [second] + toks[k + 1:])]
+        else:
+            out.append(e)
+    return out
+
+
+_MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix|smallmatrix|array)\}(.*)\\end\{\1\}", re.S)
+
+
+def _structure(s: str):
+    """("scalar", s) | ("seq", brackets, [items]) | ("set", [items]) | ("union", [items]) | ("matrix", rows)."""
+    parts = _split_top(s, "\\cup")
+    if len(parts) > 1:
+        return ("union", parts)
+    m = _MATRIX.fullmatch(s)
+    if m:
+        body = re.sub(r"^\{[lcr|]*\}", "", m.group(2)) if m.group(1) == "array" else m.group(2)
+        rows = [r for r in _split_top(body, "\\\\") if r]
+        return ("matrix", [_split_top(r, "&") for r in rows])
+    if s.startswith("\\{") and s.endswith("\\}") and _closes_at_end(s):
+        return ("set", _expand_pm([_strip_var(e) for e in _split_top(s[2:-2], ",")]))
+    if s[:1] in "([" and s[-1:] in ")]" and _closes_at_end(s):
+        items = _split_top(s[1:-1], ",")
+        if len(items) >= 2:
+            return ("seq", s[0] + s[-1], [_strip_var(e) for e in items])
+    items = _split_top(s, ",")
+    if len(items) == 1:
+        items = _split_top(s, ";")
+    items = _expand_pm([_strip_var(e) for e in items])
+    if len(items) >= 2:
+        return ("set", items)
+    return ("scalar", items[0])
+
+
+_RELATION = re.compile(r"[<>]|\\(?:le|ge|lt|gt|ne|in)(?![a-zA-Z])")
+_BASE_NUMBER = re.compile(r"[0-9A-Za-z]+_\{?\d+\}?")
+
+
+def _is_text(s: str) -> bool:
+    bare = re.sub(r"\\[a-zA-Z]+", " ", s)
+    return bool(re.search(r"[a-zA-Z]{3,}", bare))
+
+
+def _text_key(s: str) -> str:
+    return re.sub(r"[^a-z0-9]", "", re.sub(r"\\[a-zA-Z]+", "", s).lower())
+
+
+def _scalar(p: str, g: str):
+    """True / False / [("eq", p, g)] (symbolic check needed)."""
+    if p == g:
+        return True
+    if not p or "\\infty" in p or "\\infty" in g:
+        return False
+    if re.fullmatch(r"[A-Z]", g) or re.fullmatch(r"[A-Z]", p):  # choice letters
+        return p == g
+    if _is_text(g) or _is_text(p) or _BASE_NUMBER.fullmatch(g) or _BASE_NUMBER.fullmatch(p):
+        return _text_key(p) == _text_key(g) and bool(_text_key(g))
+    ps, pv = _value(p)
+    gs, gv = _value(g)
+    if ps in ("toobig", "undefined") or gs in ("toobig", "undefined"):
+        return False
+    if ps == gs == "ok":
+        eq = _num_equal(pv, gv)
+        if eq is not None:
+            return eq
+    if ("\\pm" in p or "\\mp" in p) != ("\\pm" in g or "\\mp" in g):
+        return False  # Math-Verify #14: \pm 2021 must not match 2021
+    if ps != "toobig" and gs != "toobig" and _differ_at_points(p, g):
+        return False  # x^2+7x+11 vs x^2+7x+10: no sympy needed
+    return [("eq", p, g)]
+
+
+def _perfect(ok: list[list[bool]]) -> bool:
+    """Does the bipartite graph ok[i][j] have a perfect matching? (Kuhn's augmenting paths)"""
+    owner = [-1] * len(ok)
+
+    def augment(i, seen):
+        for j, edge in enumerate(ok[i]):
+            if edge and j not in seen:
+                seen.add(j)
+                if owner[j] < 0 or augment(owner[j], seen):
+                    owner[j] = i
+                    return True
+        return False
+
+    return all(augment(i, set()) for i in range(len(ok)))
+
+
+def _match(ps: list, gs: list, depth: int) -> bool | list:
+    """Unordered: True if a perfect matching of equal items exists, False if none can, else
+    [("match", table)] for the symbolic step (table cells: True, False or requirements)."""
+    if len(ps) != len(gs) or len(ps) > MAX_SET_SIZE:
+        return False
+    table = [[_compare(a, b, depth + 1) for b in gs] for a in ps]
+    if _perfect([[c is True for c in row] for row in table]):
+        return True
+    if not _perfect([[c is not False for c in row] for row in table]):
+        return False
+    return [("match", table)]
+
+
+def _all(results: list) -> bool | list:
+    pending = []
+    for r in results:
+        if r is False:
+            return False
+        if r is not True:
+            pending += r
+    return pending or True
+
+
+def _compare(p: str, g: str, depth: int = 0) -> bool | list:
+    """Equality of two normalised answers: True, False, or a list of requirements for the symbolic step, all
+    of which must hold: ("eq", pred, gold) or ("match", table) (see _match)."""
+    if p == g:
+        return True
+    if depth > 4:
+        return False
+    sp, sg = _structure(p), _structure(g)
+    kind = sp[0]
+    if {kind, sg[0]} == {"matrix", "seq"}:  # a vector written as a tuple
+        mat, seq = (sp, sg) if kind == "matrix" else (sg, sp)
+        flat = [x for row in mat[1] for x in row]
+        if seq[1] == "()" and (len(mat[1]) == 1 or all(len(r) == 1 for r in mat[1])) and len(flat) == len(seq[2]):
+            return _all([_compare(a, b, depth + 1) for a, b in zip(flat, seq[2])])
+        return False
+    if kind != sg[0]:
+        if {kind, sg[0]} == {"scalar", "seq"} or {kind, sg[0]} == {"scalar", "union"}:
+            scalar = sp[1] if kind == "scalar" else sg[1]
+            if _RELATION.search(scalar):  # x > 5 vs (5, \infty): sympy decides
+                return [("eq", p, g)]
+        return False
+    if kind == "scalar":
+        return _scalar(sp[1], sg[1])
+    if kind == "seq":
+        if sp[1] != sg[1] or len(sp[2]) != len(sg[2]):
+            return False
+        return _all([_compare(a, b, depth + 1) for a, b in zip(sp[2], sg[2])])
+    if kind == "matrix":
+        if [len(r) for r in sp[1]] != [len(r) for r in sg[1]]:
+            return False
+        return _all([_compare(a, b, depth + 1) for ra, rb in zip(sp[1], sg[1]) for a, b in zip(ra, rb)])
+    return _match(sp[1], sg[1], depth)  # set / union
+
+
+def _screen(s: str) -> bool:
+    """May this string go to sympy? No huge exponents, factorials or literals, no deep nesting."""
+    if len(s) > SYMBOLIC_MAX_CHARS or _depth(s) > SYMBOLIC_MAX_DEPTH:
+        return False
+    if sum(_OPENERS.get(t, 0) for t in _tokens(s)) != 0 or re.search(r"[-+*/^_=]$|[\^_]\{\}|\\$", s):
+        return False  # malformed: math-verify would guess (2^ -> 2)
+    if s.count("^") > 30 or s.count("!") > 5 or s.count("\\sqrt") > 12 or s.count("\\frac") > 20:
+        return False
+    if any(len(d) > SYMBOLIC_MAX_DIGITS for d in re.findall(r"\d+", s)):
+        return False
+    for m in re.finditer(r"\^", s):  # every exponent that has a value must be small
+        rest = s[m.end():].lstrip()
+        if rest.startswith("{"):
+            end = _match_brace(rest, 0)
+            exp = rest[1:end] if end is not None else rest[1:]
+        else:
+            tok = _TOKEN.match(rest)
+            exp = tok.group() if tok else ""
+        status, v = _value(exp.lstrip("-+"))
+        if status == "toobig" or status == "ok" and abs(v) > SYMBOLIC_MAX_EXPONENT:
+            return False
+        if status == "notnum" and exp.count("^") >= 2:  # x^{9^{9^9}}-like towers
+            return False
+    for m in re.finditer(r"(\d+|\}|\))\s*!", s):
+        if m.group(1).isdigit() and int(m.group(1)) > 200:
+            return False
+    return True
+
+
+def _strings(reqs: list):
+    for req in reqs:
+        if req[0] == "eq":
+            yield from req[1:]
+        else:
+            for row in req[1]:
+                for cell in row:
+                    if isinstance(cell, list):
+                        yield from _strings(cell)
+
+
+def _warm_up() -> None:
+    """Runs once in each sandbox worker: imports and compiles math-verify's parsers."""
+    _symbolic_equal([("eq", "\\frac{x}{2}", "x/2")])
+
+
+def _sympy_differ(a, b) -> bool:
+    """Do two sympy expressions take clearly different values at one of two rational points? (cheap WRONG)"""
+    from sympy import Expr, Rational
+
+    if not (isinstance(a, Expr) and isinstance(b, Expr)):
+        return False
+    names = sorted(a.free_symbols | b.free_symbols, key=str)
+    if len(names) > 8:
+        return False
+    for j in range(2):
+        point = {n: Rational(11 + 7 * k + 3 * j, 5 + 2 * k + j) for k, n in enumerate(names)}
+        try:
+            za, zb = complex(a.subs(point).evalf(30)), complex(b.subs(point).evalf(30))
+        except (TypeError, ValueError, ArithmeticError):
+            return False
+        if not (cmath.isfinite(za) and cmath.isfinite(zb)):
+            return False
+        if abs(za - zb) > 1e-6 * max(abs(za), abs(zb)) + 1e-12:
+            return True
+    return False
+
+
+def _symbolic_equal(reqs: list) -> bool:
+    """In the sandbox worker: do all requirements hold? ("eq", pred, gold): equal according to math-verify
+    (sympy), after a cheap evaluation at two points; ("match", table): a perfect matching of equal cells."""
+    import logging
+
+    from math_verify import parse
+    from math_verify import verify as mv_verify
+
+    logging.getLogger("math_verify").setLevel(logging.CRITICAL)
+    logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
+    parsed: dict[str, list] = {}
+
+    def equal(p: str, g: str) -> bool:
+        try:
+            for t in (p, g):
+                if t not in parsed:
+                    parsed[t] = parse(f"${t}$", parsing_timeout=None)
+            gold, pred = parsed[g], parsed[p]
+            if not gold or not pred or _sympy_differ(gold[0], pred[0]):
+                return False
+            return bool(mv_verify(gold, pred, allow_set_relation_comp=True, timeout_seconds=None))
+        except (MemoryError, RecursionError):
+            raise
+        except Exception:
+            return False
+
+    def holds(req) -> bool:
+        if req[0] == "eq":
+            return equal(req[1], req[2])
+        return _perfect([[c is True or c is not False and all(holds(r) for r in c) for c in row] for row in req[1]])
+
+    return all(holds(r) for r in reqs)
+
+
+_pool: sandbox.Pool | None = None
+_pool_lock = threading.Lock()
+
+
+def _get_pool() -> sandbox.Pool:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = sandbox.Pool(size=SANDBOX_WORKERS, init=_warm_up, memory_mb=SANDBOX_MEMORY_MB)
+        return _pool
+
+
+def warm_up(workers: int | None = None) -> None:
+    """Start the sandbox workers now (optional: otherwise the first symbolic check starts one)."""
+    _get_pool().warm(workers)
+
+
+def _decide(pred: str, gold: str) -> Verdict | list:
+    """Everything but the sandbox: a Verdict, or the requirements for the symbolic check (see _compare)."""
+    p, g = normalize(pred), normalize(gold)
+    if not p:
+        return Verdict.UNPARSABLE
+    if p == g:
+        return Verdict.CORRECT
+    if re.fullmatch(r"[A-E]", g) and _choice_letter(pred):
+        return Verdict.CORRECT if _choice_letter(pred) == g else Verdict.WRONG
+    if _depth(p) > MAX_DEPTH or _depth(g) > MAX_DEPTH or len(g) > MAX_ANSWER_CHARS:
+        return Verdict.WRONG
+    result = _compare(p, g)
+    if result is True:
+        return Verdict.CORRECT
+    if result is False:
+        return Verdict.WRONG
+    if not all(_screen(x) for x in _strings(result)):
+        return Verdict.WRONG
+    return result
+
+
+def _run_symbolic(reqs: list, timeout: float | None) -> Verdict:
+    try:
+        equal = _get_pool().run(_symbolic_equal, reqs, timeout=SYMBOLIC_TIMEOUT if timeout is None else timeout)
+    except sandbox.SandboxTimeout:
+        return Verdict.TIMEOUT
+    except (sandbox.SandboxError, MemoryError, RecursionError):  # resource limits: reported with timeouts
+        return Verdict.TIMEOUT
+    return Verdict.CORRECT if equal else Verdict.WRONG
+
+
+def check(pred: str, gold: str, timeout: float | None = None) -> Verdict:
+    """Verdict for an already extracted answer `pred` against the reference `gold`. Never raises."""
+    try:
+        gold = ", ".join(map(str, gold)) if isinstance(gold, (list, tuple)) else str(gold)
+        decided = _decide(pred, gold)
+        return decided if isinstance(decided, Verdict) else _run_symbolic(decided, timeout)
+    except Exception:  # a verifier bug costs one reward, not the run
+        return Verdict.UNPARSABLE
+
+
+def verify(response: str, answer: str, timeout: float | None = None) -> Verdict:
+    """Verdict of a whole response against the reference answer. Never raises.
+
+    >>> verify("... so the answer is $\\\\boxed{\\\\dfrac{1}{2}}$.", "0.5")
+    <Verdict.CORRECT: 'correct'>
+    """
+    try:
+        pred = extract_answer(response)
+        if pred is None:
+            return Verdict.UNPARSABLE
+        return check(pred, answer, timeout)
+    except Exception:
+        return Verdict.UNPARSABLE
+
+
+def verify_batch(responses: list[str], answers: list[str], timeout: float | None = None) -> list[Verdict]:
+    """verify() over many responses: the in-process checks run here, the symbolic ones in parallel over
+    the sandbox workers."""
+    verdicts: list = [None] * len(responses)
+    pending = {}
+    for k, (response, answer) in enumerate(zip(responses, answers)):
+        try:
+            pred = extract_answer(response)
+            if isinstance(answer, (list, tuple)):
+                answer = ", ".join(map(str, answer))
+            decided = Verdict.UNPARSABLE if pred is None else _decide(pred, str(answer))
+        except Exception:
+            decided = Verdict.UNPARSABLE
+        if isinstance(decided, Verdict):
+            verdicts[k] = decided
+        else:
+            pending[k] = decided
+    if pending:
+        with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as ex:
+            for k, v in zip(pending, ex.map(lambda pairs: _run_symbolic(pairs, timeout), pending.values())):
+                verdicts[k] = v
+    return verdicts
