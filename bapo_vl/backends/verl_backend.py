@@ -1,0 +1,326 @@
+"""verl 0.9.1 backend: the backend interface of bapo_vl.trainer.Trainer on top of verl's workers.
+
+The BAPO rules are NOT reimplemented here: `bapo_vl.trainer.Trainer` drives this object exactly as it drives the
+embedded backend (sync / encode / generate / decode / update / state_dict). What this module does:
+
+  generate  our encoded prompts -> a verl DataProto of dataset rows (`raw_prompt` with PIL images, data_source,
+            reward_model, extra_info, uid, ...), repeated n times (interleaved), padded to the rollout manager's
+            divisor (`rollout.agent.num_workers`) -> `rollout_manager.generate_sequences` -> per prompt a list of
+            (response token ids, behaviour log-probs from `rollout_log_probs`).
+  update    sequences -> a DataProto with input_ids / attention_mask / position_ids / responses / response_mask /
+            old_log_probs (= the STORED behaviour log-probs, right-padded) / advantages (token level) [/ ref_log_prob,
+            rollout_is_weights] -> `actor.update_actor`.
+  sync      `checkpoint_manager.update_weights()`: alpha <- pi_theta, only when the Trainer asks (t % v == 0).
+
+Delayed rollout policy (notes option (a)): the rollout engine keeps its weights between syncs only if it never
+sleeps at level 2, i.e. `actor_rollout_ref.rollout.free_cache_engine=False` for colocated vLLM (the engine's memory
+stays resident). `validate_verl_config` refuses the other combinations (free_cache_engine=True with vLLM discards the
+weights on sleep; SGLang raises) instead of training on garbage weights.
+
+Re-evaluation with the current policy (X2, policy="current"): the engine is temporarily synced to pi_theta, then the
+stale alpha is put back. alpha is kept as a CPU snapshot of the actor shards taken at each sync
+(`save_model_to_cpu`, verl's experimental `DetachActorWorker`); putting it back is
+save current -> restore alpha -> update_weights -> restore current. Cost per re-evaluation: two weight pushes to
+the engine and two CPU copies of the actor shards (the authors' code also forces a temporary sync).
+
+Batch trimming (`trainable_groups`): verl splits the update batch across the data-parallel ranks (length must be
+divisible by dp = actor world size) and each rank into mini-batches of `mini_batch_size` prompts. BAPO batches vary in
+size, so the last groups of the batch (X3 first, then X2: the batch is X1 + X2 + X3) are dropped so that
+  n_groups >= mini:  n_groups -> floor(n_groups / mini) * mini           (full mini-batches only)
+  n_groups <  mini:  the largest k <= n_groups with k * G % dp == 0      (one smaller optimizer step)
+and the number dropped is reported as `trimmed_groups`.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+
+from bapo_vl.backends.verl_data import problem_to_row
+from bapo_vl.losses import truncated_is_weights
+from bapo_vl.problem import Problem
+
+log = logging.getLogger(__name__)
+
+ROW_KEYS = ("raw_prompt", "data_source", "reward_model", "extra_info", "index", "tools_kwargs",
+            "interaction_kwargs", "uid")
+ALPHA, CURRENT = "bapo_alpha", "bapo_current"  # keys of the CPU snapshots in the actor workers
+
+
+class VerlConfigError(ValueError):
+    pass
+
+
+def validate_verl_config(rollout_name: str, free_cache_engine: bool, delay: int, calculate_log_probs: bool = True):
+    """Refuse rollout settings under which the engine would not hold alpha between syncs."""
+    if not calculate_log_probs:
+        raise VerlConfigError("BAPO needs the behaviour log-probs of the rollout engine: set "
+                              "actor_rollout_ref.rollout.calculate_log_probs=True")
+    if delay > 1 and rollout_name == "sglang":
+        raise VerlConfigError("delay>1 (BAPO's delayed rollout policy) is not supported with SGLang in verl 0.9.1: "
+                              "its colocated engine cannot keep stale weights across sleep; use rollout.name=vllm "
+                              "with free_cache_engine=False")
+    if delay > 1 and free_cache_engine:
+        raise VerlConfigError("delay>1 needs actor_rollout_ref.rollout.free_cache_engine=False: colocated vLLM sleeps "
+                              "at level 2 and discards its weights, so skipping a sync would generate with garbage "
+                              "weights")
+
+
+def object_array(values) -> np.ndarray:
+    """A 1-d object array (np.array would turn equal-length lists into a 2-d array)."""
+    out = np.empty(len(values), dtype=object)
+    for i, v in enumerate(values):
+        out[i] = v
+    return out
+
+
+def build_raw_prompt(row: dict, processor=None) -> list[dict]:
+    """`raw_prompt` exactly as verl's RLHFDataset builds it (its own `_build_messages`): `<image>` -> image parts."""
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    fake = SimpleNamespace(image_key="images", video_key="videos", audio_key="audios", processor=processor)
+    return RLHFDataset._build_messages(fake, copy.deepcopy({k: v for k, v in row.items() if k != "images"})
+                                       | {"images": row.get("images")}, "prompt")
+
+
+def trainable_groups(n_groups: int, group_size: int, mini_batch_size: int, dp_size: int) -> int:
+    """How many groups of the batch verl can train on (see the module docstring)."""
+    if n_groups >= mini_batch_size:
+        return (n_groups // mini_batch_size) * mini_batch_size
+    k = n_groups
+    while k > 0 and (k * group_size) % dp_size:
+        k -= 1
+    return k
+
+
+class VerlBackend:
+    """Backend over verl workers. `rollout_manager`: generate_sequences(DataProto) -> DataProto (verl's
+    AgentLoopManager); `actor`: update_actor(DataProto) -> DataProto and, for X2 with delay>1,
+    save_model_to_cpu / restore_model_from_cpu / clear_cpu_model (verl's DetachActorWorker), compute_ref_log_prob and
+    compute_log_prob when KL / truncated IS are on; `checkpoint_manager`: update_weights(global_steps) (verl's
+    CheckpointEngineManager). Tests pass stand-ins; `verl_main.build_verl_workers` builds the real ones."""
+
+    def __init__(self, cfg, rollout_manager, actor, checkpoint_manager, tokenizer, processor=None, *,
+                 task_name: str | None = None, divisor: int = 1, dp_size: int = 1, mini_batch_size: int | None = None,
+                 rollout_name: str = "vllm", free_cache_engine: bool = False, position_ids_fn=None):
+        validate_verl_config(rollout_name, free_cache_engine, cfg.delay)
+        self.cfg, self.rollout_manager, self.actor, self.checkpoint_manager = cfg, rollout_manager, actor, checkpoint_manager
+        self.tokenizer, self.processor = tokenizer, processor
+        self.task_name = task_name or cfg.task
+        self.divisor, self.dp_size = divisor, dp_size
+        self.mini_batch_size = mini_batch_size or cfg.mini_batch_size
+        if (self.mini_batch_size * cfg.group_size) % dp_size:
+            raise VerlConfigError(f"mini_batch_size*group_size={self.mini_batch_size * cfg.group_size} sequences must "
+                                  f"be divisible by the data-parallel size {dp_size}")
+        self.snapshots = cfg.delay > 1 and cfg.use_x2
+        if self.snapshots and not all(hasattr(actor, m) for m in ("save_model_to_cpu", "restore_model_from_cpu")):
+            raise VerlConfigError("re-evaluation (use_x2) with delay>1 needs an actor worker with save_model_to_cpu / "
+                                  "restore_model_from_cpu (verl.experimental.separation.engine_workers.DetachActorWorker)"
+                                  " to put the stale rollout weights back after the temporary sync")
+        self.position_ids_fn = position_ids_fn
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.updates = 0  # actor updates applied
+        self.alpha_version = 0  # actor version the engine's alpha holds
+        self.calls = []  # (what, version) log of weight movements, for the run record and tests
+        if self.snapshots:  # the engine starts with the actor's initial weights: that is alpha until the first sync
+            actor.save_model_to_cpu(ALPHA)
+
+    # --- prompts ---------------------------------------------------------------------------------------------
+
+    def encode(self, problem: Problem) -> dict:
+        """The verl row (non-tensor fields, images as PIL inside raw_prompt) and the prompt's token ids (and
+        multi-modal inputs) as the agent loop tokenises it, for rebuilding the update batch."""
+        row = problem_to_row(problem, self.task_name, index=0)
+        raw_prompt = build_raw_prompt(row, self.processor)
+        extra = row["extra_info"]
+        fields = {"raw_prompt": raw_prompt, "data_source": row["data_source"], "reward_model": row["reward_model"],
+                  "extra_info": extra, "index": extra["index"], "tools_kwargs": {}, "interaction_kwargs": {},
+                  "uid": problem.uid}
+        mm = None
+        if self.processor is not None and problem.images:
+            text = self.processor.apply_chat_template(raw_prompt, add_generation_prompt=True, tokenize=False)
+            out = self.processor(text=[text], images=list(problem.images), return_tensors="pt")
+            ids = out["input_ids"][0]
+            mm = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
+        else:
+            text = self.tokenizer.apply_chat_template(raw_prompt, add_generation_prompt=True, tokenize=False)
+            ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        if len(ids) > self.cfg.max_prompt_length:
+            raise ValueError(f"prompt {problem.uid} has {len(ids)} tokens (images included), more than "
+                             f"max_prompt_length={self.cfg.max_prompt_length}")
+        return {"row": fields, "input_ids": ids, "multi_modal_inputs": mm}
+
+    def decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, skip_special_tokens=True)
+
+    # --- generation ------------------------------------------------------------------------------------------
+
+    def prompts_to_dataproto(self, prompts: list[dict], n: int):
+        from verl import DataProto
+
+        rows = [p["row"] for p in prompts]
+        batch = DataProto.from_dict(
+            tensors={"dummy_tensor": torch.zeros(len(rows), 1, dtype=torch.uint8)},
+            non_tensors={k: object_array([r[k] for r in rows]) for k in ROW_KEYS},
+            meta_info={"global_steps": self.updates})
+        return batch.repeat(repeat_times=n, interleave=True)
+
+    def generate(self, prompts: list[dict], n: int, policy: str = "rollout"):
+        from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
+
+        batch = self.prompts_to_dataproto(prompts, n)
+        padded, pad = pad_dataproto_to_divisor(batch, self.divisor)
+        temporary = policy == "current" and self.alpha_version != self.updates
+        if temporary:  # X2: pi_theta into the engine for this call only
+            self._push(self.updates, "reeval_sync")
+        try:
+            out = unpad_dataproto(self.rollout_manager.generate_sequences(padded), pad)
+        finally:
+            if temporary:
+                self._restore_alpha()
+        if "rollout_log_probs" not in out.batch.keys():
+            raise VerlConfigError("the rollout returned no rollout_log_probs: set "
+                                  "actor_rollout_ref.rollout.calculate_log_probs=True")
+        P = out.batch["prompts"].shape[1]
+        valid = out.batch["attention_mask"][:, P:].bool()
+        responses, logprobs = out.batch["responses"], out.batch["rollout_log_probs"]
+        flat = []
+        for i in range(len(out)):
+            m = valid[i]
+            flat.append((responses[i][m].tolist(), logprobs[i][m].float().tolist()))
+        return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
+
+    # --- weights ---------------------------------------------------------------------------------------------
+
+    def _push(self, version: int, what: str):
+        self.checkpoint_manager.update_weights(global_steps=version)
+        self.calls.append((what, version))
+
+    def sync(self):
+        """alpha <- pi_theta: one weight push; with X2 also the CPU snapshot alpha is restored from later."""
+        self._push(self.updates, "sync")
+        self.alpha_version = self.updates
+        if self.snapshots:
+            if hasattr(self.actor, "clear_cpu_model"):
+                self.actor.clear_cpu_model(ALPHA)
+            self.actor.save_model_to_cpu(ALPHA)
+
+    def _restore_alpha(self):
+        """Put the stale alpha back into the engine after a temporary sync, leaving the actor as it was."""
+        self.actor.save_model_to_cpu(CURRENT)
+        self.actor.restore_model_from_cpu(ALPHA)
+        try:
+            self._push(self.alpha_version, "reeval_restore")
+        finally:
+            self.actor.restore_model_from_cpu(CURRENT)
+            if hasattr(self.actor, "clear_cpu_model"):
+                self.actor.clear_cpu_model(CURRENT)
+
+    # --- update ----------------------------------------------------------------------------------------------
+
+    def sequences_to_dataproto(self, sequences: list[dict]):
+        """The update batch: [left pad][prompt][response][right pad], old_log_probs = stored behaviour log-probs."""
+        from verl import DataProto
+        from verl.utils.model import compute_position_id_with_mask
+
+        P = max(len(s["prompt"]["input_ids"]) for s in sequences)
+        R = max(max(len(s["tokens"]) for s in sequences), 1)
+        N = len(sequences)
+        prompts = torch.full((N, P), self.pad_id, dtype=torch.long)
+        responses = torch.full((N, R), self.pad_id, dtype=torch.long)
+        prompt_mask = torch.zeros(N, P, dtype=torch.long)
+        response_mask = torch.zeros(N, R, dtype=torch.long)
+        old = torch.zeros(N, R, dtype=torch.float32)
+        adv = torch.zeros(N, R, dtype=torch.float32)
+        for i, s in enumerate(sequences):
+            ids, r = s["prompt"]["input_ids"], len(s["tokens"])
+            prompts[i, P - len(ids):], prompt_mask[i, P - len(ids):] = torch.as_tensor(ids), 1
+            responses[i, :r] = torch.tensor(s["tokens"], dtype=torch.long)
+            response_mask[i, :r] = 1
+            old[i, :r] = torch.tensor(s["logprobs"], dtype=torch.float32)
+            adv[i, :r] = float(s["advantage"])
+        input_ids = torch.cat([prompts, responses], 1)
+        attention_mask = torch.cat([prompt_mask, response_mask], 1)
+        mm = [s["prompt"].get("multi_modal_inputs") for s in sequences]
+        if any(m is not None for m in mm):
+            if self.position_ids_fn is None:
+                raise VerlConfigError("vision-language updates need position_ids_fn (M-RoPE positions, as verl's "
+                                      "agent loop computes them)")
+            position_ids = torch.cat([self.position_ids_fn(input_ids[i:i + 1], attention_mask[i:i + 1], mm[i] or {})
+                                      for i in range(N)])
+        else:
+            position_ids = compute_position_id_with_mask(attention_mask)
+        non_tensors = {"uid": object_array([str(s["group"]) for s in sequences])}
+        if any(m is not None for m in mm):
+            non_tensors["multi_modal_inputs"] = object_array([m or {} for m in mm])
+        return DataProto.from_dict(
+            tensors={"prompts": prompts, "responses": responses, "input_ids": input_ids,
+                     "attention_mask": attention_mask, "position_ids": position_ids, "response_mask": response_mask,
+                     "old_log_probs": old, "advantages": adv * response_mask},
+            non_tensors=non_tensors, meta_info={"temperature": self.cfg.temperature, "global_steps": self.updates + 1})
+
+    def update(self, sequences: list[dict]) -> dict:
+        G = self.cfg.group_size
+        groups = list(dict.fromkeys(s["group"] for s in sequences))
+        keep = trainable_groups(len(groups), G, self.mini_batch_size, self.dp_size)
+        kept = set(groups[:keep])
+        sequences = [s for s in sequences if s["group"] in kept]
+        metrics = {"trimmed_groups": len(groups) - keep}
+        if not sequences:
+            return metrics
+        batch = self.sequences_to_dataproto(sequences)
+        if self.cfg.tis_threshold is not None:  # ratio against the proximal policy, truncated IS to alpha
+            behaviour = batch.batch["old_log_probs"].clone()
+            prox = self.actor.compute_log_prob(batch).batch["old_log_probs"]
+            batch.batch["old_log_probs"] = prox
+            batch.batch["rollout_log_probs"] = behaviour
+            batch.batch["rollout_is_weights"] = (truncated_is_weights(prox, behaviour, self.cfg.tis_threshold)
+                                                 * batch.batch["response_mask"])
+        if self.cfg.kl_coef > 0:
+            batch = batch.union(self.actor.compute_ref_log_prob(batch))
+        out = self.actor.update_actor(batch)
+        self.updates += 1
+        for k, v in (out.meta_info.get("metrics", {}) if out is not None else {}).items():
+            metrics[k] = float(np.mean(v)) if isinstance(v, (list, tuple, np.ndarray)) else float(v)
+        return metrics
+
+    # --- checkpoints -----------------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict:
+        """Backend bookkeeping; the weights go through verl's checkpointing (`save_checkpoint`)."""
+        return {"updates": self.updates, "alpha_version": self.alpha_version, "calls": list(self.calls)}
+
+    def load_state_dict(self, state: dict):
+        self.updates, self.alpha_version = state["updates"], state["alpha_version"]
+        self.calls = list(state["calls"])
+
+    def save_checkpoint(self, path, step: int):
+        """verl checkpoint of pi_theta (+ optimizer) in path/actor and, while alpha is stale, of alpha's weights in
+        path/alpha (restored from the CPU snapshot), so a resumed run generates with the same alpha."""
+        self.actor.save_checkpoint(f"{path}/actor", global_step=step)
+        if self.snapshots and self.alpha_version != self.updates:
+            self.actor.save_model_to_cpu(CURRENT)
+            self.actor.restore_model_from_cpu(ALPHA)
+            self.actor.save_checkpoint(f"{path}/alpha", global_step=step)
+            self.actor.restore_model_from_cpu(CURRENT)
+
+    def load_checkpoint(self, path):
+        """Inverse of save_checkpoint (call after load_state_dict): engine <- alpha, actor <- pi_theta."""
+        import os
+
+        if self.snapshots and os.path.isdir(f"{path}/alpha"):
+            self.actor.load_checkpoint(f"{path}/alpha")
+        else:
+            self.actor.load_checkpoint(f"{path}/actor")
+        self.checkpoint_manager.update_weights(global_steps=self.alpha_version)
+        if self.snapshots:
+            self.actor.save_model_to_cpu(ALPHA)
+        self.actor.load_checkpoint(f"{path}/actor")
+
+    def save_pretrained(self, path):
+        """Hugging Face export is verl's model merger (`python -m verl.model_merger merge --backend fsdp
+        --local_dir <ckpt>/actor --target_dir <path>`); here the latest actor checkpoint is written."""
+        self.actor.save_checkpoint(f"{path}/actor", global_step=self.updates)

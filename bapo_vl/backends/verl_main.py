@@ -1,0 +1,189 @@
+"""Entry point: `python -m bapo_vl.backends.verl_main --config bapo_vl/presets/verl_math.yaml [key=value ...]`.
+
+Pattern: verl-recipe's DAPO (`RayDAPOTrainer(RayPPOTrainer)` with its own step loop, started by
+`run_ppo(config, task_runner_class=...)`). We take the legacy `RayPPOTrainer` (trainer.use_v1=false) because its
+`init_workers()` builds exactly the three objects BAPO needs (actor worker group, AgentLoopManager, checkpoint engine
+manager) and keeps batches in the driver: BAPO's buffers hold groups across steps, which the V1 TransferQueue
+trainer clears every step. The step loop is NOT verl's `fit()`: it is bapo_vl.trainer.Trainer over VerlBackend,
+writing the same run record as the embedded backend.
+
+The YAML has two parts: `bapo:` (our Config fields) and `verl:` (overrides of verl's ppo_trainer config, dotted keys).
+Overrides on the command line: `bapo.delay=3` or `verl.trainer.nnodes=2`.
+
+NOT RUN HERE (no GPU / vLLM): build_verl_workers and main. Written against verl 0.9.1's classes; tests only import it.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from pathlib import Path
+
+import yaml
+
+log = logging.getLogger(__name__)
+
+
+def load_configs(path: str, overrides: list[str]):
+    """(our Config, verl OmegaConf) from a verl_*.yaml preset plus `bapo.k=v` / `verl.a.b=v` overrides."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import verl
+    from bapo_vl.config import load_config
+
+    data = yaml.safe_load(Path(path).read_text())
+    bapo = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
+            for k, v in (data.get("bapo") or {}).items()]
+    verl_over = [f"{k}={v}" for k, v in (data.get("verl") or {}).items()]
+    for item in overrides:
+        scope, _, rest = item.partition(".")
+        if scope == "bapo":
+            bapo.append(rest)
+        elif scope == "verl":
+            verl_over.append(rest)
+        else:
+            raise ValueError(f"override {item!r}: prefix it with bapo. or verl.")
+    cfg = load_config(overrides=bapo)
+    config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
+    with initialize_config_dir(config_dir=config_dir, version_base=None):
+        vcfg = compose(config_name="ppo_trainer", overrides=verl_over)
+    OmegaConf.set_struct(vcfg, False)
+    # what BAPO needs from verl, whatever the preset says
+    vcfg.trainer.use_v1 = False
+    vcfg.actor_rollout_ref.rollout.calculate_log_probs = True
+    vcfg.actor_rollout_ref.rollout.n = cfg.group_size
+    vcfg.actor_rollout_ref.rollout.temperature = cfg.temperature
+    vcfg.actor_rollout_ref.actor.ppo_mini_batch_size = cfg.mini_batch_size
+    vcfg.data.train_batch_size = cfg.batch_size
+    vcfg.reward.custom_reward_function.path = str(Path(__file__).with_name("verl_data.py"))
+    vcfg.reward.custom_reward_function.name = "compute_score"
+    return cfg, vcfg
+
+
+def build_verl_workers(vcfg):
+    """The real workers, from inside the Ray task runner: returns (RayPPOTrainer, kwargs for VerlBackend).
+    The actor-rollout worker is verl's DetachActorWorker (save/restore_model_to_cpu) for the stale-alpha snapshot."""
+    from verl.experimental.separation.engine_workers import DetachActorWorker
+    from verl.trainer.main_ppo_v0 import TaskRunner
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.utils import Role
+    from verl.utils.config import omega_conf_to_dataclass
+
+    runner = TaskRunner.__ray_actor_class__()  # its helpers, run in this process
+    _, group_cls = runner.add_actor_rollout_worker(vcfg)
+    import ray
+    for role in list(runner.role_worker_mapping):
+        if role in (Role.ActorRollout, Role.ActorRolloutRef):
+            runner.role_worker_mapping[role] = ray.remote(DetachActorWorker)
+    runner.add_ref_policy_worker(vcfg, runner.role_worker_mapping.get(Role.ActorRollout))
+    model_config = omega_conf_to_dataclass(vcfg.actor_rollout_ref.model)
+    trainer = RayPPOTrainer(config=vcfg, tokenizer=model_config.tokenizer, processor=model_config.processor,
+                            role_worker_mapping=runner.role_worker_mapping,
+                            resource_pool_manager=runner.init_resource_pool_mgr(vcfg), ray_worker_group_cls=group_cls)
+    trainer.init_workers()
+    trainer.checkpoint_manager.update_weights(0)  # engine <- initial actor weights (as fit() does first)
+    rollout = vcfg.actor_rollout_ref.rollout
+    n_gpus = vcfg.trainer.n_gpus_per_node * vcfg.trainer.nnodes
+    return trainer, dict(
+        rollout_manager=trainer.async_rollout_manager, actor=RayTrainerActor(trainer),
+        checkpoint_manager=trainer.checkpoint_manager, tokenizer=model_config.tokenizer,
+        processor=model_config.processor, divisor=rollout.agent.num_workers, dp_size=n_gpus,
+        rollout_name=rollout.name, free_cache_engine=rollout.free_cache_engine)
+
+
+class RayTrainerActor:
+    """The actor side as VerlBackend calls it: RayPPOTrainer's DataProto<->TensorDict helpers plus the worker group."""
+
+    def __init__(self, trainer):
+        self.trainer, self.wg = trainer, trainer.actor_rollout_wg
+
+    def update_actor(self, batch):
+        return self.trainer._update_actor(batch)
+
+    def compute_log_prob(self, batch):
+        return self.trainer._compute_old_log_prob(batch)[0]
+
+    def compute_ref_log_prob(self, batch):
+        return self.trainer._compute_ref_log_prob(batch)
+
+    def save_model_to_cpu(self, n):
+        self.wg.save_model_to_cpu(n)
+
+    def restore_model_from_cpu(self, n):
+        self.wg.restore_model_from_cpu(n)
+
+    def clear_cpu_model(self, n):
+        self.wg.clear_cpu_model(n)
+
+    def save_checkpoint(self, local_path, global_step=0):
+        self.wg.save_checkpoint(local_path, None, global_step, None)
+
+    def load_checkpoint(self, local_path):
+        self.wg.load_checkpoint(local_path, None, False)
+
+
+def run(cfg, vcfg):
+    """Driver loop (inside the Ray task runner): the backend-free Trainer over VerlBackend, our run record."""
+    import torch
+
+    from bapo_vl.backends.verl_backend import VerlBackend
+    from bapo_vl.plugins import get_task
+    from bapo_vl.record import RunRecord, make_sinks
+    from bapo_vl.train import record_rows
+    from bapo_vl.trainer import Trainer
+
+    task = get_task(cfg.task, cfg.tasks_dirs)
+    problems = task.load(split="train", **cfg.task_options)
+    _, workers = build_verl_workers(vcfg)
+    backend = VerlBackend(cfg, task_name=cfg.task, **workers)
+    trainer = Trainer(cfg, backend, task, problems)
+    run_dir = Path(cfg.resume or Path(cfg.run_dir) / (cfg.name or f"{cfg.algo}-{cfg.task}-verl"))
+    start = 0
+    if cfg.resume:
+        start = int((run_dir / "checkpoints" / "latest").read_text())
+        ck = run_dir / "checkpoints" / f"step_{start}"
+        trainer.load_state_dict(torch.load(ck / "state.pt", weights_only=False))
+        backend.load_checkpoint(ck)
+        record = RunRecord.open(run_dir, truncate_after=start, sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
+    else:
+        record = RunRecord.create(run_dir, cfg.to_dict(), name=run_dir.name, backend="verl",
+                                  sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
+        record.log_problems(problems)
+    status = "failed"
+    try:
+        for t in range(start + 1, cfg.steps + 1):
+            result = trainer.step(t)
+            m = result.metrics
+            rows, samples = record_rows(result, cfg.log_samples)
+            record.log_step(t, {k: v for k, v in m.items() if k != "verdicts"}, groups=rows, samples=samples,
+                            verdicts=m["verdicts"])
+            if (cfg.save_every and t % cfg.save_every == 0) or t == cfg.steps:
+                ck = run_dir / "checkpoints" / f"step_{t}"
+                ck.mkdir(parents=True, exist_ok=True)
+                backend.save_checkpoint(ck, t)  # verl checkpoint (actor, optimizer; alpha while stale)
+                torch.save(trainer.state_dict(), ck / "state.pt")  # BAPO buffers, thresholds, sampler
+                (run_dir / "checkpoints" / "latest").write_text(str(t))
+        status = "finished"
+    finally:
+        record.finish(status)
+        record.close()
+    return run_dir
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description="BAPO on verl 0.9.1 (Ray + FSDP + vLLM)")
+    ap.add_argument("--config", required=True, help="a presets/verl_*.yaml file")
+    ap.add_argument("overrides", nargs="*", help="bapo.KEY=VALUE or verl.DOTTED.KEY=VALUE")
+    args = ap.parse_args(argv)
+    cfg, vcfg = load_configs(args.config, args.overrides)
+    import ray
+    from verl.trainer.main_ppo import run_ppo  # noqa: F401  (ray runtime env helpers live with it)
+
+    if not ray.is_initialized():
+        ray.init(address=os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})
+    ray.get(ray.remote(num_cpus=1)(run).remote(cfg, vcfg))
+
+
+if __name__ == "__main__":
+    main()
