@@ -43,8 +43,11 @@ def _progress(total: int):
 
 
 def save_checkpoint(trainer: Trainer, run_dir: Path, step: int):
+    """BAPO state (buffers, thresholds, data position, backend bookkeeping) in state.pt, plus whatever the
+    backend keeps in its own format (verl: actor and optimizer checkpoints)."""
     path = run_dir / "checkpoints" / f"step_{step}"
     path.mkdir(parents=True, exist_ok=True)
+    trainer.backend.save_checkpoint(path, step)
     torch.save(trainer.state_dict(), path / "state.pt")
     (run_dir / "checkpoints" / "latest").write_text(str(step))
     return path
@@ -59,21 +62,24 @@ def open_run(cfg: Config, trainer: Trainer, problems) -> tuple[Path, RunRecord, 
         if not latest.is_file():
             raise FileNotFoundError(f"resume={run_dir}: no checkpoint there ({latest} is missing)")
         start = int(latest.read_text())
-        trainer.load_state_dict(torch.load(run_dir / "checkpoints" / f"step_{start}" / "state.pt", weights_only=False))
+        path = run_dir / "checkpoints" / f"step_{start}"
+        trainer.load_state_dict(torch.load(path / "state.pt", weights_only=False))
+        trainer.backend.load_checkpoint(path)
         record = RunRecord.open(run_dir, truncate_after=start, sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
         return run_dir, record, start
     name = cfg.name or f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.run_dir) / name
-    record = RunRecord.create(run_dir, cfg.to_dict(), name=name, backend="embedded",
+    record = RunRecord.create(run_dir, cfg.to_dict(), name=name, backend=trainer.backend.name,
                               sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
     record.log_problems(problems)
     return run_dir, record, 0
 
 
-def train(cfg: Config, quiet: bool = False) -> Path:
+def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
+    """Run (or resume) training; `backend` defaults to the embedded one (verl_main passes a VerlBackend)."""
     task = get_task(cfg.task, cfg.tasks_dirs)
     problems = task.load(split="train", **cfg.task_options)
-    backend = make_backend(cfg)
+    backend = backend or make_backend(cfg)
     trainer = Trainer(cfg, backend, task, problems)
     run_dir, record, start = open_run(cfg, trainer, problems)
     status = "failed"

@@ -53,6 +53,8 @@ def _chunks(items, size):
 
 
 class EmbeddedBackend:
+    name = "embedded"
+
     def __init__(self, cfg):
         self.cfg = cfg
         self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
@@ -265,6 +267,12 @@ class EmbeddedBackend:
         finally:
             self.policy.generation_config = self.sampling
         (self.processor or self.tokenizer).save_pretrained(path)
+
+    def save_checkpoint(self, path, step: int):
+        """Nothing beyond state_dict(): this backend's weights travel in the trainer's state.pt."""
+
+    def load_checkpoint(self, path):
+        """Nothing beyond load_state_dict() (see save_checkpoint)."""
 
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),

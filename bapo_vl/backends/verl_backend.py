@@ -102,6 +102,8 @@ class VerlBackend:
     save_model_to_cpu / restore_model_from_cpu / clear_cpu_model (verl's DetachActorWorker), compute_ref_log_prob and
     compute_log_prob when KL / truncated IS are on; `checkpoint_manager`: update_weights(global_steps) (verl's
     CheckpointEngineManager). Tests pass stand-ins; `verl_main.build_verl_workers` builds the real ones."""
+    name = "verl"
+
 
     def __init__(self, cfg, rollout_manager, actor, checkpoint_manager, tokenizer, processor=None, *,
                  task_name: str | None = None, divisor: int = 1, dp_size: int = 1, mini_batch_size: int | None = None,

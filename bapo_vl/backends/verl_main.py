@@ -124,51 +124,13 @@ class RayTrainerActor:
 
 
 def run(cfg, vcfg):
-    """Driver loop (inside the Ray task runner): the backend-free Trainer over VerlBackend, our run record."""
-    import torch
-
+    """Driver (inside the Ray task runner): `bapo_vl.train.train`, the same loop, run record and checkpoints as
+    the embedded backend, over a VerlBackend built from verl's real workers."""
     from bapo_vl.backends.verl_backend import VerlBackend
-    from bapo_vl.plugins import get_task
-    from bapo_vl.record import RunRecord, make_sinks
-    from bapo_vl.train import record_rows
-    from bapo_vl.trainer import Trainer
+    from bapo_vl.train import train
 
-    task = get_task(cfg.task, cfg.tasks_dirs)
-    problems = task.load(split="train", **cfg.task_options)
     _, workers = build_verl_workers(vcfg)
-    backend = VerlBackend(cfg, task_name=cfg.task, **workers)
-    trainer = Trainer(cfg, backend, task, problems)
-    run_dir = Path(cfg.resume or Path(cfg.run_dir) / (cfg.name or f"{cfg.algo}-{cfg.task}-verl"))
-    start = 0
-    if cfg.resume:
-        start = int((run_dir / "checkpoints" / "latest").read_text())
-        ck = run_dir / "checkpoints" / f"step_{start}"
-        trainer.load_state_dict(torch.load(ck / "state.pt", weights_only=False))
-        backend.load_checkpoint(ck)
-        record = RunRecord.open(run_dir, truncate_after=start, sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
-    else:
-        record = RunRecord.create(run_dir, cfg.to_dict(), name=run_dir.name, backend="verl",
-                                  sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
-        record.log_problems(problems)
-    status = "failed"
-    try:
-        for t in range(start + 1, cfg.steps + 1):
-            result = trainer.step(t)
-            m = result.metrics
-            rows, samples = record_rows(result, cfg.log_samples)
-            record.log_step(t, {k: v for k, v in m.items() if k != "verdicts"}, groups=rows, samples=samples,
-                            verdicts=m["verdicts"])
-            if (cfg.save_every and t % cfg.save_every == 0) or t == cfg.steps:
-                ck = run_dir / "checkpoints" / f"step_{t}"
-                ck.mkdir(parents=True, exist_ok=True)
-                backend.save_checkpoint(ck, t)  # verl checkpoint (actor, optimizer; alpha while stale)
-                torch.save(trainer.state_dict(), ck / "state.pt")  # BAPO buffers, thresholds, sampler
-                (run_dir / "checkpoints" / "latest").write_text(str(t))
-        status = "finished"
-    finally:
-        record.finish(status)
-        record.close()
-    return run_dir
+    return train(cfg, quiet=True, backend=VerlBackend(cfg, task_name=cfg.task, **workers))
 
 
 def main(argv=None):
