@@ -114,6 +114,9 @@ def main(argv=None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--tasks-dir", dest="sub_tasks_dirs", action="append", default=[], metavar="DIR")
     p.set_defaults(fn=cmd_eval)
+    from bapo_vl.app.cli import add_parser as add_dashboard_parser  # imports no gradio until it runs
+
+    add_dashboard_parser(sub)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

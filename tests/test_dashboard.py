@@ -1,0 +1,406 @@
+"""The web dashboard (`bapo dashboard`, app/) on the record of a real tiny training run.
+
+The readers are checked against the record's own SQL (bapo_vl.record) and against naive loops; then the real
+server is started on a free localhost port and driven in headless Chromium with Playwright: every tab draws its
+plots, the numbers on the page match SQL on the same database, the migration matrix sums to the prompts seen at
+both steps, and a step written after the page loaded appears without a reload.
+
+Browser tests need Debian's chromium (`apt-get install -y chromium`) and `pip install playwright` (never
+`playwright install`); they skip without them. BAPO_DASHBOARD_SCREENSHOTS=DIR saves a 1280x800 PNG of each tab.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import socket
+import sqlite3
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("gradio")
+# gradio's own DataFrame handling under pandas 3, not ours
+pytestmark = [pytest.mark.filterwarnings("ignore:.*no_silent_downcasting"),
+              pytest.mark.filterwarnings("ignore:The copy keyword is deprecated")]
+
+from bapo_vl import record as R  # noqa: E402
+from bapo_vl.app import data, views  # noqa: E402
+from bapo_vl.app.cli import add_parser, cmd_dashboard  # noqa: E402
+from bapo_vl.app.dashboard import BIN_MODES, MODE_AT, TAB_TITLES  # noqa: E402
+from bapo_vl.cli import main  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# ~6 steps with re-evaluation every 2nd so that X2 and X3 appear; G=4, B=8 keeps it to about a minute on 2 cores
+TRAIN = ["steps=6", "batch_size=8", "group_size=4", "reeval_every=2", "delay=2"]
+G = 4
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """(trained run, a copy of it named tiny-live that the live test appends to)."""
+    root = tmp_path_factory.mktemp("dashboard")
+    if os.environ.get("DEV_RUN"):  # DEVONLY
+        shutil.copytree(os.environ["DEV_RUN"], root / "tiny")  # DEVONLY
+        with sqlite3.connect(root / "tiny" / R.DB_NAME) as conn:  # DEVONLY
+            conn.execute("UPDATE meta SET value = 'tiny' WHERE key = 'name'")  # DEVONLY
+    else:  # DEVONLY
+        assert main(["train", "--quiet", f"run_dir={root}", "name=tiny", *TRAIN]) == 0
+    run, live = root / "tiny", root / "live" / "tiny-live"
+    shutil.copytree(run, live, ignore=shutil.ignore_patterns("final", "checkpoints"))
+    with sqlite3.connect(live / R.DB_NAME) as conn:
+        conn.execute("UPDATE meta SET value = 'tiny-live' WHERE key = 'name'")
+    conn.close()
+    return run, live
+
+
+def sql(run_dir, q, args=()):
+    return R.query_ro(run_dir, q, args)
+
+
+def gen_rows(run_dir):
+    return [tuple(r) for r in sql(run_dir, f"SELECT step, uid, correct, G, subset FROM prompt_steps "
+                                           f"WHERE subset != 'x3' ORDER BY step")]
+
+
+def overlap_pair(run_dir) -> tuple[int, int, int]:
+    """The pair of steps a < b with the most prompts generated for at both: (a, b, count)."""
+    row = sql(run_dir, """
+        WITH g AS (SELECT DISTINCT step, uid FROM prompt_steps WHERE subset != 'x3')
+        SELECT a.step, b.step, COUNT(*) AS n FROM g a JOIN g b ON a.uid = b.uid AND a.step < b.step
+        GROUP BY a.step, b.step ORDER BY n DESC, a.step LIMIT 1""")[0]
+    return row[0], row[1], row[2]
+
+
+# ----------------------------------------------------------------------------- readers (no browser)
+
+
+def test_training_produced_all_three_subsets(runs):
+    counts = dict(sql(runs[0], "SELECT subset, COUNT(*) FROM prompt_steps GROUP BY subset"))
+    assert counts.get("x2", 0) > 0 and counts.get("x3", 0) > 0 and counts.get("fresh", 0) > 0, counts
+
+
+def _synthetic(tmp_path):
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from synth_run import synth
+    finally:
+        sys.path.pop(0)
+    return synth(tmp_path / "synth", prompts=600, steps=40, B=32, G=8, m=5, quiet=True)
+
+
+def test_ledger_matches_the_records_sql(runs, tmp_path):
+    for run_dir in (runs[0], _synthetic(tmp_path)):  # the synthetic run has prompts solved after several tries
+        ledger = data.Run(run_dir).ledger()
+        mine = [(u, int(a), None if b is None or b != b else int(b))
+                for u, a, b in ledger.astype(object).where(ledger.notna(), None).itertuples(index=False)]
+        want = [(r["uid"], r["first_seen"], r["first_solved"]) for r in R.hard_problem_ledger(run_dir)["rows"]]
+        assert mine == want
+
+
+def naive_window(rows, a, b, G):
+    """Migration matrix by a plain loop: latest result <= a (rows) against latest result in (a, b] (columns)."""
+    def latest(lo, hi):
+        out = {}
+        for step, uid, c, g, subset in sorted(rows, key=lambda r: (r[0], r[4] in ("fresh", "filtered"))):
+            if (lo is None or step > lo) and step <= hi:
+                out[uid] = round(c * G / g)
+        return out
+    before, after, upto_b = latest(None, a), latest(a, b), latest(None, b)
+    m = [[0] * (G + 1) for _ in range(G + 1)]
+    for uid in before.keys() & after.keys():
+        m[before[uid]][after[uid]] += 1
+    hist = lambda d: [sum(1 for v in d.values() if v == i) for i in range(G + 1)]
+    return hist(before), hist(upto_b), m
+
+
+def test_migration_windows_match_a_plain_loop(runs, tmp_path):
+    for run_dir, g in ((runs[0], G), (_synthetic(tmp_path), 8)):
+        run, rows = data.Run(run_dir), gen_rows(run_dir)
+        last = sql(run_dir, "SELECT MAX(step) FROM steps")[0][0]
+        for a, b in ((1, last), (2, 4), (last // 2, last), (3, 3)):
+            assert data.bins_and_matrix_window(run, a, b, g) == naive_window(rows, a, b, g), (a, b)
+
+
+def test_exact_step_matrix_sums_to_prompts_generated_at_both_steps(runs):
+    a, b, n = overlap_pair(runs[0])
+    assert n > 0
+    hist_a, hist_b, m = data.bins_and_matrix_at(data.Run(runs[0]), a, b)
+    assert sum(map(sum, m)) == n
+    assert sum(hist_a) == sql(runs[0], "SELECT COUNT(DISTINCT uid) FROM prompt_steps WHERE step = ? AND subset != 'x3'",
+                              (a,))[0][0]
+
+
+def _log_extra_step(run_dir, step, x1=3):
+    """Append a step the way the trainer does (RunRecord.log_step), with one new hard prompt solved later."""
+    record = R.RunRecord.open(run_dir)
+    try:
+        record.log_step(step, {"x1": x1, "x2": 1, "x3": 0, "batch_size": 8, "bad_size": 2, "high_size": 1,
+                               "c2": 0.2, "c3": 0.3, "rollouts": 16, "fresh_reward": 0.5, "reward": 0.5,
+                               "t_generate": 1.0, "t_score": 0.1, "t_train": 0.5, "t_sync": 0.0},
+                        groups=[("live-new", 0, G, "filtered"), ("live-solved", 2, G, "fresh")])
+    finally:
+        record.close()
+
+
+def test_readers_follow_appended_and_rewritten_steps(runs, tmp_path):
+    run_dir = tmp_path / "r"
+    shutil.copytree(runs[0], run_dir, ignore=shutil.ignore_patterns("final", "checkpoints"))
+    run = data.Run(run_dir)
+    before = run.ledger()
+    last = int(run.steps()["step"].max())
+    _log_extra_step(run_dir, last + 1)
+    assert int(run.steps()["step"].max()) == last + 1
+    assert len(run.ledger()) == len(before) + 1  # live-new was 0/G when first seen
+    want = [(r["uid"], r["first_seen"], r["first_solved"]) for r in R.hard_problem_ledger(run_dir)["rows"]]
+    assert len(want) == len(run.ledger())
+    R.RunRecord.open(run_dir, truncate_after=2).close()  # a resume rewinds: the readers start over
+    assert int(run.steps()["step"].max()) == 2
+    assert len(run.ledger()) == R.hard_problem_ledger(run_dir)["first_unsolved"]
+
+
+def test_search_finds_uid_and_text_and_treats_wildcards_literally(runs):
+    run = data.Run(runs[0])
+    uid, text = sql(runs[0], "SELECT uid, text FROM problems WHERE uid IN (SELECT uid FROM prompt_steps) LIMIT 1")[0]
+    assert data.search_prompts(run, uid)[0][0] == uid
+    assert uid in [u for u, _ in data.search_prompts(run, text[:12])]
+    assert data.search_prompts(run, "%") == [] and data.search_prompts(run, "_") == []
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers(dest="command"))
+    return parser.parse_args(argv)
+
+
+def test_cli_needs_a_password_to_listen_beyond_localhost(runs, capsys):
+    assert cmd_dashboard(_parse(["dashboard", str(runs[0]), "--host", "0.0.0.0"])) == 2
+    assert "--password" in capsys.readouterr().err
+    args = _parse(["dashboard", str(runs[0])])
+    assert args.host == "127.0.0.1" and args.password is None
+    assert cmd_dashboard(_parse(["dashboard", str(runs[0].parent / "nope")])) == 2
+
+
+def test_views_label_bins_in_order():
+    assert views.bin_labels(8) == [f"{i}/8" for i in range(9)]
+    assert views.bin_labels(16)[:3] == ["00/16", "01/16", "02/16"]  # text order = bin order
+
+
+# ----------------------------------------------------------------------------- the real server in Chromium
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(runs):
+    from bapo_vl.app.dashboard import launch
+
+    port = _free_port()
+    demo = launch([str(runs[0]), str(runs[1].parent)], port=port, block=False, poll_seconds=1.0)
+    yield f"http://127.0.0.1:{port}/"
+    demo.close()
+
+
+@pytest.fixture(scope="module")
+def browser():
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is missing: apt-get install -y chromium")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="pip install playwright (never `playwright install`)")
+    with sync_api.sync_playwright() as p:
+        b = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield b
+        b.close()
+
+
+@pytest.fixture
+def page(browser, server):
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=30_000)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    page.goto(server)
+    expect(page.locator("#overview-text")).to_contain_text("last step", timeout=60_000)
+    yield page
+    page.close()
+
+
+def open_tab(page, tab_id):
+    page.get_by_role("tab", name=TAB_TITLES[tab_id]).click()
+
+
+def marks(page, elem_id, mark) -> int:
+    """Drawn marks of a Vega plot (rendered as SVG) inside the element `elem_id`."""
+    return page.locator(f"#{elem_id} svg g.mark-{mark} path").count()
+
+
+def wait_marks(page, elem_id, mark):
+    page.wait_for_function(
+        "([id, mark]) => document.querySelectorAll(`#${id} svg g.mark-${mark} path`).length > 0",
+        arg=[elem_id, mark], timeout=30_000)
+
+
+def table_rows(page, elem_id) -> list[list[str]]:
+    """The cell texts of a gr.Dataframe's body rows (it renders only rows in view: scroll to it first)."""
+    table = page.locator(f"#{elem_id}")
+    table.scroll_into_view_if_needed()
+    rows = table.locator("[role='row']").evaluate_all(
+        "rows => rows.map(r => [...r.querySelectorAll('[role=gridcell]')].map(td => td.innerText.trim()))")
+    return [r for r in rows if r]
+
+
+def wait_rows(page, elem_id, n):
+    page.locator(f"#{elem_id}").scroll_into_view_if_needed()
+    page.wait_for_function(
+        "([id, n]) => [...document.querySelectorAll(`#${id} [role=row]`)]"
+        ".filter(r => r.querySelector('[role=gridcell]')).length === n", arg=[elem_id, n], timeout=30_000)
+
+
+def number_after(text, label) -> int:
+    m = re.search(re.escape(label) + r"\s*(\d+)", text)
+    assert m, f"{label!r} not in {text!r}"
+    return int(m.group(1))
+
+
+def shoot(page, name):
+    out = os.environ.get("BAPO_DASHBOARD_SCREENSHOTS")
+    if out:
+        Path(out).mkdir(parents=True, exist_ok=True)
+        page.wait_for_timeout(800)  # let the plots finish their transitions
+        page.screenshot(path=str(Path(out) / f"{name}.png"))
+
+
+
+def test_overview_and_batch_tabs_show_the_records_numbers(page, runs):
+    from playwright.sync_api import expect
+
+    run = runs[0]
+    last, rollouts = sql(run, "SELECT MAX(step), SUM(rollouts) FROM steps")[0]
+    text = page.locator("#overview-text").inner_text()
+    assert number_after(text, "last step:") == last
+    assert number_after(text, "rollouts:") == rollouts
+    for elem, mark in (("overview-reward", "line"), ("overview-rollouts", "line"), ("overview-time", "rect")):
+        wait_marks(page, elem, mark)
+    shoot(page, "overview")
+
+    open_tab(page, "batch")
+    expect(page.locator("#batch-text")).to_contain_text(f"step {last}")
+    x1, x2, x3, B = sql(run, "SELECT x1, x2, x3, batch_size FROM steps WHERE step = ?", (last,))[0]
+    text = page.locator("#batch-text").inner_text()
+    assert (number_after(text, "|X1| ="), number_after(text, "|X2| ="), number_after(text, "|X3| =")) == (x1, x2, x3)
+    assert number_after(text, "of B =") == B
+    for elem, mark in (("batch-composition", "rect"), ("batch-bins", "rect"), ("batch-buffers", "line"),
+                       ("batch-thresholds", "line")):
+        wait_marks(page, elem, mark)
+    # one bar segment per non-empty subset and step, and the dashed B level
+    segments = sql(run, "SELECT (x1 > 0) + (x2 > 0) + (x3 > 0) FROM steps")
+    assert marks(page, "batch-composition", "rect") == sum(r[0] for r in segments)
+    assert marks(page, "batch-composition", "line") >= 1
+    shoot(page, "batch")
+
+
+def test_ledger_tab_matches_sql_and_opens_a_prompt(page, runs):
+    from playwright.sync_api import expect
+
+    run = runs[0]
+    ledger = R.hard_problem_ledger(run)
+    open_tab(page, "ledger")
+    expect(page.locator("#ledger-text")).to_contain_text("later reached")
+    text = page.locator("#ledger-text").inner_text()
+    assert number_after(text, "time they were generated for:") == ledger["first_unsolved"]
+    assert number_after(text, f"later reached ≥ 1/{G}:") == ledger["later_solved"]
+    wait_marks(page, "ledger-curve", "line")
+    expect(page.locator("#ledger-note")).to_contain_text(f"{ledger['later_solved']} prompt(s) solved later")
+    shoot(page, "ledger")
+    solved = [r for r in ledger["rows"] if r["first_solved"] is not None]
+    if solved:  # a click on a row opens the prompt
+        uid = max(solved, key=lambda r: r["first_solved"])["uid"]
+        page.locator("#ledger-table").get_by_text(uid, exact=True).first.click()
+        expect(page.locator("#prompt-text")).to_contain_text(uid)
+
+
+def test_bins_tab_histograms_and_matrix_match_sql(page, runs):
+    from playwright.sync_api import expect
+
+    run = runs[0]
+    a, b, n = overlap_pair(run)
+    open_tab(page, "bins")
+    expect(page.locator("#bins-text")).to_contain_text("Migration matrix")
+    wait_marks(page, "bins-hist-a", "rect")
+    wait_marks(page, "bins-hist-b", "rect")
+    shoot(page, "bins")
+    page.locator("#bins-mode").get_by_text(MODE_AT).click()
+    expect(page.locator("#bins-text")).to_contain_text("generated for at both step")
+    for elem, value, shown in (("step-a", a, f"generated for at step {a} "), ("step-b", b, f"and step {b};")):
+        box = page.locator(f"#{elem} input[type='number']")
+        box.fill(str(value))
+        box.press("Enter")
+        box.blur()
+        expect(page.locator("#bins-text")).to_contain_text(shown)
+    text = page.locator("#bins-text").inner_text()
+    assert number_after(text, "columns: bin at B):") == n
+    wait_rows(page, "bins-matrix", G + 1)
+    cells = [row[1:] for row in table_rows(page, "bins-matrix")]
+    assert [len(row) for row in cells] == [G + 1] * (G + 1)
+    assert sum(int(c) for row in cells for c in row) == n  # the matrix sums to the prompts seen at both steps
+    count_a = sql(run, "SELECT COUNT(DISTINCT uid) FROM prompt_steps WHERE step = ? AND subset != 'x3'", (a,))[0][0]
+    assert f"at step {a} ({count_a})" in text
+    assert BIN_MODES[0] != MODE_AT  # the window mode is the default (steps rarely share prompts in big runs)
+
+
+def test_prompt_and_compare_tabs(page, runs):
+    from playwright.sync_api import expect
+
+    run = runs[0]
+    uid = sql(run, "SELECT uid FROM samples ORDER BY step DESC LIMIT 1")[0][0]
+    open_tab(page, "prompt")
+    expect(page.locator("#prompt-text")).to_contain_text("uid")
+    page.locator("#prompt-query textarea, #prompt-query input").first.fill(uid)
+    page.locator("#prompt-query textarea, #prompt-query input").first.press("Enter")
+    expect(page.locator("#prompt-text")).to_contain_text(uid)
+    wait_marks(page, "prompt-history", "symbol")
+    n_rows = sql(run, "SELECT COUNT(*) FROM prompt_steps WHERE uid = ?", (uid,))[0][0]
+    wait_rows(page, "prompt-rows", n_rows)
+    verdict = sql(run, "SELECT verdict FROM samples WHERE uid = ? LIMIT 1", (uid,))[0][0]
+    expect(page.locator("#prompt-samples")).to_contain_text(verdict)
+    shoot(page, "prompt")
+
+    open_tab(page, "compare")
+    wait_rows(page, "compare-table", 2)
+    wait_marks(page, "compare-steps", "line")
+    wait_marks(page, "compare-solved", "line")
+    assert sorted(row[0] for row in table_rows(page, "compare-table")) == ["tiny", "tiny-live"]
+    assert marks(page, "compare-steps", "line") == 2  # one line per run
+    shoot(page, "compare")
+
+
+def test_a_step_written_after_the_page_loaded_appears_without_reload(page, runs):
+    from playwright.sync_api import expect
+
+    live = runs[1]
+    page.locator("#run input").first.click()
+    page.get_by_role("option", name="tiny-live").click()
+    last = sql(live, "SELECT MAX(step) FROM steps")[0][0]
+    expect(page.locator("#overview-text")).to_contain_text("tiny-live")
+    expect(page.locator("#overview-text")).to_contain_text(f"last step: {last} ")
+    _log_extra_step(live, last + 1, x1=5)
+    expect(page.locator("#overview-text")).to_contain_text(f"last step: {last + 1} ", timeout=20_000)
+    open_tab(page, "batch")
+    expect(page.locator("#batch-text")).to_contain_text(f"step {last + 1}: |X1| = 5")
+    _log_extra_step(live, last + 2, x1=6)  # and while this tab is open
+    expect(page.locator("#batch-text")).to_contain_text(f"step {last + 2}: |X1| = 6", timeout=20_000)
+
+
+def test_no_filesystem_path_reaches_the_browser(server, runs):
+    import urllib.request
+
+    config = urllib.request.urlopen(server + "config", timeout=30).read().decode()
+    assert str(runs[0]) not in config and str(runs[1]) not in config
