@@ -6,7 +6,8 @@ cheap version key of the run(s) shown (read-only connection, no lock the trainer
 on screen, and only when it changed re-renders the tab in view. The runs are fixed when the app is built (from
 the command line); the browser only picks among their labels.
 
-Tab renderers take the controls' values and return {component: update}; wiring is at the bottom of `build`.
+Every plot is a Vega-Lite chart built by app/views.py (see `vega` for why not gr.LinePlot). Tab renderers take
+the controls' values and return the tab's component values; the wiring is at the bottom of `build`.
 """
 from __future__ import annotations
 
@@ -51,10 +52,13 @@ def _run(runs: dict[str, data.Run], label: str) -> data.Run:
 
 
 def vega(spec: dict) -> AltairPlotData:
-    """A hand-written Vega-Lite chart for gr.Plot, drawn by the same vega-embed as Gradio's native plots and
-    themed and sized like them (no altair needed): used where the native plots fall short (a stack in a set
-    order with a line over it). chart="scatter" only restyles a top-level color encoding, which `spec` leaves
-    to its layers, so their colors stay as given."""
+    """A Vega-Lite chart (app/views.py builds them) for gr.Plot, drawn by the vega-embed that Gradio's native
+    plots use, and themed and sized like them; no altair needed. Why not gr.LinePlot/BarPlot: they stack bars in
+    label order and cannot draw a line over bars, and their values are tables that the browser deep-copies on
+    every event (each poll), which stalls a page of 500-step plots; a chart's value here is one JSON string.
+    chart="scatter" only restyles a top-level color encoding, which the specs leave to their layers. Each call's
+    chart differs (a stamp in usermeta), so a tab shown again redraws at its width (hidden, a chart shrinks to 0)."""
+    spec = {**spec, "usermeta": {**spec.get("usermeta", {}), "drawn": time.time_ns()}}
     return AltairPlotData(plot=json.dumps(spec), chart="scatter")
 
 
@@ -85,8 +89,8 @@ def render_batch(run: data.Run) -> list:
 def render_ledger(run: data.Run, which: str) -> list:
     ledger, steps = run.ledger(), run.steps()
     G = run.group_size()
-    table, total = views.ledger_table(ledger, {}, which, LEDGER_ROWS)
-    table["text"] = table["uid"].map(data.texts(run, list(table["uid"])))
+    table, total = views.ledger_table(ledger, which, LEDGER_ROWS)
+    table["text"] = table["uid"].map(data.texts(run, list(table["uid"]))).fillna("")
     note = f"{total} prompt(s) {which}" + (f"; the {LEDGER_ROWS} most recent shown" if total > LEDGER_ROWS else "")
     curve = views.line_spec(views.ledger_curve(ledger, steps["step"]), "step", "prompts", "series",
                             "Hard prompts over steps", SPEC_HEIGHT, zero=True)
@@ -165,9 +169,9 @@ def history_plot(history: pd.DataFrame) -> AltairPlotData:
 
 def render_compare(runs: dict[str, data.Run], labels: list[str], metric: str, window: int) -> list:
     chosen = {lab: (r.steps(), r.evals(), r.ledger()) for lab in labels or [] if (r := _run(runs, lab))}
-    by_step, by_rollouts, solved, table = views.compare_frames(chosen, metric, window)
-    return [vega(views.line_spec(by_step, "step", "value", "run", f"{metric} vs steps", SPEC_HEIGHT, y_title=metric)),
-            vega(views.line_spec(by_rollouts, "rollouts", "value", "run", f"{metric} vs rollouts generated",
+    curves, solved, table = views.compare_frames(chosen, metric, window)
+    return [vega(views.line_spec(curves, "step", "value", "run", f"{metric} vs steps", SPEC_HEIGHT, y_title=metric)),
+            vega(views.line_spec(curves, "rollouts", "value", "run", f"{metric} vs rollouts generated",
                                  SPEC_HEIGHT, y_title=metric, integer_x=False)),
             vega(views.line_spec(solved, "step", "prompts", "run",
                                  "Hard problems solved (0/G at first, later ≥ 1/G), cumulative", SPEC_HEIGHT, zero=True)),
@@ -276,26 +280,24 @@ def build(runs: list[data.Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks
             runs = [_run(by_label, lab) for lab in c["compare"] or []] if tab == TAB_COMPARE else [_run(by_label, c["run"])]
             return [tab, c["run"], *((r.label, r.version()) for r in runs)]
 
+        renderers = {  # tab -> its renderer, given the run shown and the controls' values
+            TAB_OVERVIEW: lambda run, c: render_overview(run, int(c["window"] or 1)),
+            TAB_BATCH: lambda run, c: render_batch(run),
+            TAB_LEDGER: lambda run, c: render_ledger(run, c["which"]),
+            TAB_BINS: lambda run, c: render_bins(run, c["mode"], c["a"], c["b"]),
+            TAB_PROMPT: lambda run, c: render_prompt(run, c["uid"], c["query"]),
+            TAB_COMPARE: lambda run, c: render_compare(by_label, c["compare"], c["metric"], int(c["window"] or 1)),
+        }
+
         def render(tab, c: dict) -> dict:
+            key = version(tab, c)  # before reading: a step committed meanwhile makes the next poll re-render
             run = _run(by_label, c["run"])
-            window_n = int(c["window"] or 1)
-            if tab == TAB_OVERVIEW:
-                values = render_overview(run, window_n)
-            elif tab == TAB_BATCH:
-                values = render_batch(run)
-            elif tab == TAB_LEDGER:
-                values = render_ledger(run, c["which"])
-            elif tab == TAB_BINS:
-                values = render_bins(run, c["mode"], c["a"], c["b"])
-            elif tab == TAB_PROMPT:
-                values = render_prompt(run, c["uid"], c["query"])
-            else:
-                values = render_compare(by_label, c["compare"], c["metric"], window_n)
+            values = renderers[tab](run, c)
             steps = run.steps()
             stamp = (f"<span id='live-step'>step {int(steps['step'].max()) if not steps.empty else '–'}</span> · "
                      f"{run.meta().get('status', '?')} · read {time.strftime('%H:%M:%S')} · polled every "
                      f"{poll_seconds:g} s")
-            return {**dict(zip(outputs[tab], values)), live: stamp, shown: version(tab, c)}
+            return {**dict(zip(outputs[tab], values)), live: stamp, shown: key}
 
         def renderer(tab):
             return lambda *args: render(tab, dict(zip(names, args)))

@@ -19,18 +19,18 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import shutil
 import socket
 import sqlite3
 import statistics
-import sys
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from bapo_vl import record as R
-from bapo_vl.app import data, dashboard as D, views
+from bapo_vl.app import dashboard as D
+from bapo_vl.app import data, views
 
 # tab -> (what the server runs, given (run, all runs)); controls at their defaults
 TABS = {
@@ -53,7 +53,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 def machine() -> str:
     cpu = platform.processor() or "?"
     try:
-        cpu = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
     load = ", ".join(f"{x:.2f}" for x in os.getloadavg()) if hasattr(os, "getloadavg") else "?"
@@ -69,9 +70,9 @@ def describe(run_dir) -> str:
     return f"{run_dir}: {prompts} prompts, {steps} steps, {rows} prompt_steps rows, {size:.0f} MiB"
 
 
-def timed(fn) -> float:
+def timed(fn, *args) -> float:
     t0 = time.perf_counter()
-    fn()
+    fn(*args)
     return time.perf_counter() - t0
 
 
@@ -93,8 +94,8 @@ def bench_data(paths: list[str], repeat: int) -> dict[str, tuple[float, float, f
     for _ in range(repeat):
         for tab, fn in TABS.items():  # cold: a fresh server's Run objects for every tab
             runs = data.load_runs(paths)
-            cold[tab].append(timed(lambda: fn(runs[0], runs)))
-            warm[tab].append(timed(lambda: fn(runs[0], runs)))
+            cold[tab].append(timed(fn, runs[0], runs))
+            warm[tab].append(timed(fn, runs[0], runs))
         with tempfile.TemporaryDirectory() as tmp:  # +step, on a copy (the given records are only read)
             copies = []
             for i, p in enumerate(paths):
@@ -110,7 +111,7 @@ def bench_data(paths: list[str], repeat: int) -> dict[str, tuple[float, float, f
                 fn(runs[0], runs)
             append_step(copies[0])
             for tab, fn in TABS.items():
-                step[tab].append(timed(lambda: fn(runs[0], runs)))
+                step[tab].append(timed(fn, runs[0], runs))
     med = statistics.median
     return {t: (med(cold[t]), med(warm[t]), med(step[t])) for t in TABS}
 
@@ -166,7 +167,9 @@ def bench_browser(paths: list[str], repeat: int, screenshots: Path | None) -> tu
 
 def drawn(page, tab) -> None:
     elem, mark = DRAWN[tab]
-    page.wait_for_function(f"document.querySelectorAll('#{elem} svg g.mark-{mark} path').length > 0", timeout=120_000)
+    page.wait_for_function(f"(() => {{ const svg = document.querySelector('#{elem} svg.marks'); return !!svg && "
+                           f"svg.getBoundingClientRect().width > 0 && "
+                           f"svg.querySelectorAll('g.mark-{mark} path').length > 0; }})()", timeout=120_000)
 
 
 def main(argv=None) -> int:

@@ -29,7 +29,6 @@ from bapo_vl.algorithm import Thresholds
 from bapo_vl.problem import Problem
 from bapo_vl.record import RunRecord
 
-
 SAMPLED_EVERY = 20  # responses are sampled (and, with --images, diagrams drawn) for every 20th prompt
 
 
@@ -197,9 +196,9 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
                                 1.0 if v == "correct" else 0.0, v))
         record.log_step(t, metrics, groups=groups, samples=samples, verdicts=verdicts)
         if t % 25 == 0 or t == steps:
-            for split, shift in (("cd34", 0.0), ("cd4", -0.8)):
+            for split, shift in ((("test", 0.0),) if images else (("cd34", 0.0), ("cd4", -0.8))):
                 mean = 1 / (1 + math.exp(-(-1.0 + shift + skill(t))))
-                record.log_eval(t, f"countdown/{split}", {"n": 1024, "k": 8, "mean@k": mean,
+                record.log_eval(t, f"{config['task']}/{split}", {"n": 1024, "k": 8, "mean@k": mean,
                                                          "pass@k": 1 - (1 - mean) ** 8})
         if not quiet and (t % 50 == 0 or t == steps):
             print(f"step {t}/{steps}  |X1| {x1} |X2| {x2} |X3| {x3}  B_bad {len(bad)}  "

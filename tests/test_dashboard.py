@@ -36,8 +36,9 @@ ROOT = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-# ~6 steps with re-evaluation every 2nd so that X2 and X3 appear; G=4, B=8 keeps it to about a minute on 2 cores
-TRAIN = ["steps=6", "batch_size=8", "group_size=4", "reeval_every=2", "delay=2"]
+# 6 steps with re-evaluation every 2nd step so that X2 and X3 appear; B=6, G=4 and short responses keep it to
+# about a minute on 2 idle cores
+TRAIN = ["steps=6", "batch_size=6", "group_size=4", "reeval_every=2", "delay=2", "max_response_length=36"]
 G = 4
 
 
@@ -45,12 +46,7 @@ G = 4
 def runs(tmp_path_factory):
     """(trained run, a copy of it named tiny-live that the live test appends to)."""
     root = tmp_path_factory.mktemp("dashboard")
-    if os.environ.get("DEV_RUN"):  # DEVONLY
-        shutil.copytree(os.environ["DEV_RUN"], root / "tiny")  # DEVONLY
-        with sqlite3.connect(root / "tiny" / R.DB_NAME) as conn:  # DEVONLY
-            conn.execute("UPDATE meta SET value = 'tiny' WHERE key = 'name'")  # DEVONLY
-    else:  # DEVONLY
-        assert main(["train", "--quiet", f"run_dir={root}", "name=tiny", *TRAIN]) == 0
+    assert main(["train", "--quiet", f"run_dir={root}", "name=tiny", *TRAIN]) == 0
     run, live = root / "tiny", root / "live" / "tiny-live"
     shutil.copytree(run, live, ignore=shutil.ignore_patterns("final", "checkpoints"))
     with sqlite3.connect(live / R.DB_NAME) as conn:
@@ -64,8 +60,8 @@ def sql(run_dir, q, args=()):
 
 
 def gen_rows(run_dir):
-    return [tuple(r) for r in sql(run_dir, f"SELECT step, uid, correct, G, subset FROM prompt_steps "
-                                           f"WHERE subset != 'x3' ORDER BY step")]
+    return [tuple(r) for r in sql(run_dir, "SELECT step, uid, correct, G, subset FROM prompt_steps "
+                                           "WHERE subset != 'x3' ORDER BY step")]
 
 
 def overlap_pair(run_dir) -> tuple[int, int, int]:
@@ -97,7 +93,7 @@ def _synthetic(tmp_path):
 def test_ledger_matches_the_records_sql(runs, tmp_path):
     for run_dir in (runs[0], _synthetic(tmp_path)):  # the synthetic run has prompts solved after several tries
         ledger = data.Run(run_dir).ledger()
-        mine = [(u, int(a), None if b is None or b != b else int(b))
+        mine = [(u, int(a), None if b is None else int(b))
                 for u, a, b in ledger.astype(object).where(ledger.notna(), None).itertuples(index=False)]
         want = [(r["uid"], r["first_seen"], r["first_solved"]) for r in R.hard_problem_ledger(run_dir)["rows"]]
         assert mine == want
@@ -130,7 +126,7 @@ def test_migration_windows_match_a_plain_loop(runs, tmp_path):
 def test_exact_step_matrix_sums_to_prompts_generated_at_both_steps(runs):
     a, b, n = overlap_pair(runs[0])
     assert n > 0
-    hist_a, hist_b, m = data.bins_and_matrix_at(data.Run(runs[0]), a, b)
+    hist_a, _, m = data.bins_and_matrix_at(data.Run(runs[0]), a, b)
     assert sum(map(sum, m)) == n
     assert sum(hist_a) == sql(runs[0], "SELECT COUNT(DISTINCT uid) FROM prompt_steps WHERE step = ? AND subset != 'x3'",
                               (a,))[0][0]
@@ -243,8 +239,11 @@ def marks(page, elem_id, mark) -> int:
 
 
 def wait_marks(page, elem_id, mark):
+    """Until the Vega chart in `elem_id` is drawn, at a visible width, with some `mark` (line, rect, symbol)."""
     page.wait_for_function(
-        "([id, mark]) => document.querySelectorAll(`#${id} svg g.mark-${mark} path`).length > 0",
+        "([id, mark]) => { const svg = document.querySelector(`#${id} svg.marks`);"
+        " return !!svg && svg.getBoundingClientRect().width > 0"
+        " && svg.querySelectorAll(`g.mark-${mark} path`).length > 0; }",
         arg=[elem_id, mark], timeout=30_000)
 
 
@@ -323,7 +322,9 @@ def test_ledger_tab_matches_sql_and_opens_a_prompt(page, runs):
     solved = [r for r in ledger["rows"] if r["first_solved"] is not None]
     if solved:  # a click on a row opens the prompt
         uid = max(solved, key=lambda r: r["first_solved"])["uid"]
-        page.locator("#ledger-table").get_by_text(uid, exact=True).first.click()
+        cell = page.locator("#ledger-table [role='gridcell']").get_by_text(uid, exact=True).first
+        cell.scroll_into_view_if_needed()
+        cell.click()
         expect(page.locator("#prompt-text")).to_contain_text(uid)
 
 
@@ -380,6 +381,8 @@ def test_prompt_and_compare_tabs(page, runs):
     assert sorted(row[0] for row in table_rows(page, "compare-table")) == ["tiny", "tiny-live"]
     assert marks(page, "compare-steps", "line") == 2  # one line per run
     shoot(page, "compare")
+    open_tab(page, "overview")  # a tab shown again is drawn again at its width (hidden, charts shrink to 0)
+    wait_marks(page, "overview-reward", "line")
 
 
 def test_a_step_written_after_the_page_loaded_appears_without_reload(page, runs):
@@ -404,3 +407,23 @@ def test_no_filesystem_path_reaches_the_browser(server, runs):
 
     config = urllib.request.urlopen(server + "config", timeout=30).read().decode()
     assert str(runs[0]) not in config and str(runs[1]) not in config
+
+
+def test_a_password_closes_the_api_to_anyone_not_logged_in(runs):
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from bapo_vl.app.dashboard import launch
+
+    port = _free_port()
+    demo = launch([str(runs[0])], port=port, block=False, password="s3cret", warm=False)
+    try:
+        url = f"http://127.0.0.1:{port}/"
+        with pytest.raises(urllib.error.HTTPError) as e:
+            urllib.request.urlopen(url + "config", timeout=30)
+        assert e.value.code == 401
+        form = urllib.parse.urlencode({"username": "bapo", "password": "s3cret"}).encode()
+        assert urllib.request.urlopen(url + "login", data=form, timeout=30).status == 200
+    finally:
+        demo.close()
