@@ -302,6 +302,9 @@ def build(runs: list[data.Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks
         def renderer(tab):
             return lambda *args: render(tab, dict(zip(names, args)))
 
+        def opener(tab):  # a tab was opened: it is the active one now, drawn at once
+            return lambda *args: {active: tab, **render(tab, dict(zip(names, args)))}
+
         def bump(tab):  # a new token value: its change event re-renders the tab
             return {tokens[tab]: time.monotonic_ns()}
 
@@ -324,7 +327,7 @@ def build(runs: list[data.Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks
                       TAB_PROMPT: t_prompt, TAB_COMPARE: t_compare}
         for tab, block in tab_blocks.items():
             outs = [*outputs[tab], live, shown]
-            block.select(lambda t=tab: t, None, active, show_progress="hidden").then(renderer(tab), inputs, outs)
+            block.select(opener(tab), inputs, [*outs, active], show_progress="hidden")
             tokens[tab].change(renderer(tab), inputs, outs, show_progress="hidden", trigger_mode="always_last")
         demo.load(renderer(TAB_OVERVIEW), inputs, [*outputs[TAB_OVERVIEW], live, shown])
         timer.tick(poll, [active, shown, run_dd, c_runs], list(tokens.values()), show_progress="hidden")

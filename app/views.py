@@ -23,6 +23,7 @@ SUBSET_NAMES = {"fresh": "X1 (fresh, kept)", "filtered": "fresh, filtered out", 
                 "reeval": "re-evaluated, not promoted", "x3": "X3 (replayed)"}
 MAX_BARS = 125  # stacked bar charts show at most this many bars (means of consecutive steps beyond)
 MAX_POINTS = 250  # line charts show at most about this many points per series (means of consecutive steps beyond)
+MAX_TOOLTIPS = 300  # a line chart with more points than this has no per-point tooltips (each is an SVG mark)
 COLORS = {SUBSET_LABELS["x1"]: "#4c78a8", SUBSET_LABELS["x2"]: "#f58518", SUBSET_LABELS["x3"]: "#54a24b"}
 
 
@@ -217,10 +218,15 @@ def line_spec(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, h
                         "scale": {"domain": order}}
         enc["tooltip"].append({"field": color, "type": "nominal", "title": " "})
     data_ = {"values": _records(df, [c for c in (x, y, color) if c])}
-    layers = [{"data": data_, "mark": {"type": "circle", "size": 45, "opacity": 0.85, "strokeWidth": 0},
-               "encoding": enc}] if points else [
-        {"data": data_, "mark": {"type": "line", "strokeWidth": 1.6}, "encoding": {k: v for k, v in enc.items() if k != "tooltip"}},
-        {"data": data_, "mark": {"type": "circle", "size": 40, "opacity": 0, "strokeWidth": 0}, "encoding": enc}]
+    if points:
+        layers = [{"data": data_, "mark": {"type": "circle", "size": 45, "opacity": 0.85, "strokeWidth": 0},
+                   "encoding": enc}]
+    else:
+        layers = [{"data": data_, "mark": {"type": "line", "strokeWidth": 1.6},
+                   "encoding": {k: v for k, v in enc.items() if k != "tooltip"}}]
+        if len(df) <= MAX_TOOLTIPS:  # invisible points that carry the tooltips (one SVG mark each: not for big plots)
+            layers.append({"data": data_, "mark": {"type": "circle", "size": 40, "opacity": 0, "strokeWidth": 0},
+                           "encoding": enc})
     return _base(title, height, layers)
 
 
