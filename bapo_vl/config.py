@@ -9,6 +9,8 @@ from typing import Any
 
 import yaml
 
+from bapo_vl.losses import LossConfig, get_policy_loss
+
 PRESET_DIR = Path(__file__).parent / "presets"
 
 
@@ -90,14 +92,22 @@ class Config:
     """prompts (groups) per optimizer step"""
     micro_batch_size: int = 16
     """sequences per forward/backward (gradient accumulation inside a mini-batch)"""
-    loss: str = "ppo_clip"
+    # loss defaults are declared once, in losses.LossConfig (its docstrings say what each one does)
+    loss: str = LossConfig.name
     """policy loss: ppo_clip | gspo | balanced_clip"""
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    dual_clip: float | None = None
-    loss_agg: str = "token-mean"
-    kl_coef: float = 0.001
-    entropy_coef: float = 0.001
+    clip_low: float = LossConfig.clip_low
+    clip_high: float = LossConfig.clip_high
+    dual_clip: float | None = LossConfig.dual_clip
+    loss_agg: str = LossConfig.agg
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum"""
+    kl_coef: float = LossConfig.kl_coef
+    entropy_coef: float = LossConfig.entropy_coef
+    bac_clip_low_range: tuple = LossConfig.bac_clip_low_range
+    bac_clip_high_range: tuple = LossConfig.bac_clip_high_range
+    bac_target: float = LossConfig.bac_target
+    bac_step: float = LossConfig.bac_step
+    bac_dual_clip: float = LossConfig.bac_dual_clip
+    """balanced_clip only: ranges of the ratio bounds, target positive share, step, dual clip"""
     tis_threshold: float | None = None
     """[code] token-level truncated importance sampling threshold (3 in the authors' code); None = off"""
     adv_eps: float = 1e-6
@@ -116,6 +126,7 @@ class Config:
 
     def __post_init__(self):
         self.c2_range, self.c3_range = tuple(self.c2_range), tuple(self.c3_range)
+        self.bac_clip_low_range, self.bac_clip_high_range = tuple(self.bac_clip_low_range), tuple(self.bac_clip_high_range)
         for f in dataclasses.fields(self):  # YAML reads 1e-6 as a string: coerce numbers by annotation
             value, kind = getattr(self, f.name), f.type.split(" ")[0]
             if kind in ("int", "float") and isinstance(value, (str, int, float)) and not isinstance(value, bool):
@@ -140,6 +151,13 @@ class Config:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        get_policy_loss(self.loss)  # unknown names fail here, listing the known ones
+        self.loss_config()  # and so do bad loss settings
+
+    def loss_config(self, **extra) -> LossConfig:
+        """The loss settings as the loss functions take them (`extra`: e.g. bac_reduce)."""
+        fields = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "agg", "bac_reduce"}
+        return LossConfig(name=self.loss, agg=self.loss_agg, **{k: getattr(self, k) for k in fields}, **extra)
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -427,3 +427,46 @@ def test_a_password_closes_the_api_to_anyone_not_logged_in(runs):
         assert urllib.request.urlopen(url + "login", data=form, timeout=30).status == 200
     finally:
         demo.close()
+
+
+def test_a_geometry3k_prompt_shows_its_diagram(browser, tmp_path):
+    """A real (1-step) Qwen2.5-VL run on the bundled Geometry3K fixture: the drill-down shows the prompt's diagram,
+    the image stored in the record, at its own size."""
+    import io
+
+    from PIL import Image
+    from playwright.sync_api import expect
+
+    from bapo_vl.app.dashboard import launch
+    from bapo_vl.tiny import build_qwen2_5_vl
+
+    model, processor = build_qwen2_5_vl(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,
+                                        max_pixels=112 * 112)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    source = ROOT / "tests" / "fixtures" / "geometry3k"
+    assert main(["train", "--quiet", "task=geometry3k", f"task_options={{source: '{source}', limit: 4}}",
+                 f"model={tmp_path / 'vl'}", f"run_dir={tmp_path / 'runs'}", "name=geo", "steps=1", "batch_size=2",
+                 "group_size=2", "max_response_length=4", "max_prompt_length=512", "max_pixels=12544",
+                 "mini_batch_size=2", "micro_batch_size=4"]) == 0
+    run = tmp_path / "runs" / "geo"
+    uid, png = sql(run, "SELECT uid, image FROM problems WHERE image IS NOT NULL LIMIT 1")[0]
+    size = list(Image.open(io.BytesIO(png)).size)
+    port = _free_port()
+    demo = launch([str(run)], port=port, block=False, poll_seconds=1.0)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        expect(page.locator("#overview-text")).to_contain_text("last step", timeout=60_000)
+        open_tab(page, "prompt")
+        query = page.locator("#prompt-query textarea, #prompt-query input").first
+        query.fill(uid)
+        query.press("Enter")
+        expect(page.locator("#prompt-text")).to_contain_text(uid)
+        img = page.locator("#prompt-image img").first
+        expect(img).to_be_visible()
+        page.wait_for_function("el => el.complete && el.naturalWidth > 0", arg=img.element_handle())
+        assert img.evaluate("el => [el.naturalWidth, el.naturalHeight]") == size
+    finally:
+        page.close()
+        demo.close()

@@ -484,3 +484,24 @@ def test_config_checks():
     with pytest.raises(ValueError, match="> 1"):
         LossConfig(dual_clip=0.5)
     assert LossConfig(bac_clip_high_range=[1.2, 2.0]).bac_clip_high_range == (1.2, 2.0)  # from YAML lists
+
+
+def test_config_carries_every_loss_setting():
+    """One config object: every LossConfig field but the DP hook is a Config field (same default), and bad
+    loss settings fail when the config is loaded, naming the setting."""
+    import dataclasses
+
+    from bapo_vl.config import Config, load_config
+
+    cfg = load_config(overrides=["loss=balanced_clip", "bac_target=0.7", "bac_clip_low_range=[0.5, 0.9]",
+                                 "clip_high=0.28", "loss_agg=seq-mean-token-sum"])
+    lc = cfg.loss_config()
+    assert (lc.name, lc.bac_target, lc.bac_clip_low_range, lc.clip_high, lc.agg) == \
+        ("balanced_clip", 0.7, (0.5, 0.9), 0.28, "seq-mean-token-sum")
+    assert Config().loss_config() == LossConfig()
+    names = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "agg", "bac_reduce"}
+    assert names <= {f.name for f in dataclasses.fields(Config)}
+    with pytest.raises(ValueError, match="unknown policy loss 'ppo'"):
+        load_config(overrides=["loss=ppo"])
+    with pytest.raises(ValueError, match="bac_clip_low_range"):
+        load_config(overrides=["loss=balanced_clip", "bac_clip_low_range=[0.9, 0.5]"])

@@ -215,15 +215,19 @@ class StandInActor:
         assert len(batch) % self.dp_size == 0, "DP dispatch splits the batch evenly over the ranks"
         self.batches.append(batch)
         b = batch.batch
-        R = b["responses"].shape[1]
-        logp = _token_logprobs(self.policy, b["input_ids"], b["attention_mask"], b["position_ids"], R,
-                               batch.meta_info["temperature"])
+        logp = self.logprobs(self.policy, batch)
         self.optimizer.zero_grad()
         loss, metrics = total_loss(logp, b["old_log_probs"], b["advantages"], b["response_mask"].float(),
                                    self.loss_cfg, n_tokens=int(b["response_mask"].sum()), n_seqs=len(batch))
         loss.backward()
         self.optimizer.step()
         return DataProto(meta_info={"metrics": {"actor/pg_loss": [metrics["pg_loss"]]}})
+
+    @staticmethod
+    def logprobs(model, batch: DataProto):
+        b = batch.batch
+        return _token_logprobs(model, b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"].shape[1],
+                               batch.meta_info["temperature"])
 
     def save_model_to_cpu(self, n):
         self.cpu_saved[n] = copy.deepcopy(self.policy.state_dict())
@@ -445,12 +449,238 @@ def test_verl_main_imports():
 
 @pytest.mark.parametrize("task", ["math", "countdown", "geometry3k"])
 def test_presets_compose_with_verls_real_config(task):
-    from bapo_vl.backends.verl_main import load_configs
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.workers.config import ActorConfig
 
-    cfg, vcfg = load_configs(str(ROOT / "bapo_vl" / "presets" / f"verl_{task}.yaml"), ["bapo.delay=3",
-                                                                                    "verl.trainer.nnodes=2"])
-    assert cfg.task == task and cfg.delay == 3 and vcfg.trainer.nnodes == 2
-    r = vcfg.actor_rollout_ref.rollout
+    from bapo_vl.backends.verl_main import derived_settings, load_configs
+
+    cfg, vcfg = load_configs(str(ROOT / "bapo_vl" / "presets" / f"verl_{task}.yaml"),
+                             ["bapo.delay=3", "bapo.loss=balanced_clip", "bapo.lr=3e-6", "verl.trainer.nnodes=2"])
+    paper = load_config(task)  # the verl preset starts from our paper preset
+    assert (cfg.task, cfg.model, cfg.batch_size, cfg.max_response_length) == \
+        (task, paper.model, paper.batch_size, paper.max_response_length)
+    assert cfg.delay == 3 and cfg.lr == 3e-6 and vcfg.trainer.nnodes == 2
+    r, a = vcfg.actor_rollout_ref.rollout, vcfg.actor_rollout_ref.actor
     assert r.free_cache_engine is False and r.calculate_log_probs is True and r.n == cfg.group_size
+    assert vcfg.actor_rollout_ref.model.path == cfg.model and r.response_length == cfg.max_response_length
+    assert a.optim.lr == 3e-6 and a.policy_loss.loss_mode == "bapo_balanced_clip"
+    assert a.kl_loss_coef == cfg.kl_coef and a.use_kl_loss is (cfg.kl_coef > 0) and a.entropy_coeff == cfg.entropy_coef
+    for key, (_, value) in derived_settings(cfg).items():
+        node = vcfg
+        for part in key.split("."):
+            node = node[part]
+        assert node == value, key
     validate_verl_config(r.name, r.free_cache_engine, cfg.delay)
     assert vcfg.reward.custom_reward_function.name == "compute_score" and vcfg.trainer.use_v1 is False
+    actor = omega_conf_to_dataclass(a)  # as verl's actor worker builds it; its own checks accept it
+    actor.validate(n_gpus=8, train_batch_size=cfg.batch_size)
+    assert isinstance(actor, ActorConfig) and actor.clip_ratio_low == cfg.clip_low and actor.loss_agg_mode == cfg.loss_agg
+
+
+def test_verl_overrides_of_our_settings_are_refused():
+    from bapo_vl.backends.verl_main import load_configs
+
+    preset = str(ROOT / "bapo_vl" / "presets" / "verl_math.yaml")
+    with pytest.raises(ValueError, match=r"use bapo\.lr instead"):
+        load_configs(preset, ["verl.actor_rollout_ref.actor.optim.lr=1e-5"])
+    with pytest.raises(ValueError, match="fixed by BAPO"):
+        load_configs(preset, ["verl.actor_rollout_ref.rollout.calculate_log_probs=false"])
+
+
+def test_verl_discovers_our_loss_plugin_on_import():
+    """A fresh interpreter (as a Ray worker is): `import verl` alone registers bapo_balanced_clip."""
+    import subprocess
+    import sys
+
+    code = ("import verl\nfrom verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
+            "print(get_policy_loss_fn('bapo_balanced_clip').__module__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "bapo_vl.backends.verl_loss"
+
+
+@pytest.mark.parametrize("loss,extra", [("ppo_clip", []), ("ppo_clip", ["bapo.dual_clip=3.0"]),
+                                        ("ppo_clip", ["bapo.clip_high=0.28", "bapo.loss_agg=seq-mean-token-mean"]),
+                                        ("gspo", ["bapo.loss_agg=seq-mean-token-mean"]),
+                                        ("balanced_clip", ["bapo.bac_target=0.6", "bapo.bac_clip_low_range=[0.5,0.9]"])])
+def test_verl_actor_computes_our_loss(loss, extra, monkeypatch):
+    """The policy loss verl's actor computes from the derived config equals ours on the same tensors."""
+    from verl.trainer.ppo.core_algos import get_policy_loss_fn
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from bapo_vl.backends import verl_loss
+    from bapo_vl.backends.verl_main import load_configs
+    from bapo_vl.losses import aggregate, get_policy_loss
+
+    cfg, vcfg = load_configs(str(ROOT / "bapo_vl" / "presets" / "verl_math.yaml"), [f"bapo.loss={loss}", *extra])
+    monkeypatch.setenv(verl_loss.ENV, verl_loss.env_value(cfg))
+    actor = omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor)
+    gen = torch.Generator().manual_seed(0)
+    old = -torch.rand(6, 9, generator=gen, dtype=torch.float64) * 3
+    logp = old + torch.randn(6, 9, generator=gen, dtype=torch.float64) * 0.6
+    adv = torch.randn(6, 1, generator=gen, dtype=torch.float64).expand(6, 9)
+    mask = (torch.arange(9)[None] < torch.tensor([[9], [7], [3], [9], [1], [5]])).double()
+    ours_mat, _ = get_policy_loss(cfg.loss)(logp, old, adv, mask, cfg.loss_config())
+    ours = aggregate(ours_mat, mask, cfg.loss_agg)
+    theirs, _ = get_policy_loss_fn(actor.policy_loss.loss_mode)(old_log_prob=old, log_prob=logp, advantages=adv,
+                                                              response_mask=mask.bool(), loss_agg_mode=actor.loss_agg_mode,
+                                                              config=actor)
+    torch.testing.assert_close(theirs, ours, rtol=1e-6, atol=1e-8)
+
+
+# --- Qwen2.5-VL update batches: M-RoPE positions as verl's agent loop computes them -------------------------------
+
+def test_vl_update_batch_positions_match_the_models_own(tmp_path):
+    """Two Geometry3K diagrams of different sizes (so the prompts are left-padded differently): the update batch's
+    (N, 4, L) position ids (text row + M-RoPE rows, from verl's code over verl's `hf_processor`) give the same logits
+    as the Qwen2.5-VL model computing its rope index itself; images_seqlens and global_token_num ride along."""
+    from transformers import AutoTokenizer
+    from verl.utils import hf_processor
+
+    from bapo_vl.tiny import build_qwen2_5_vl
+
+    model, processor = build_qwen2_5_vl(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    proc = hf_processor(str(tmp_path / "vl"))
+    tok = AutoTokenizer.from_pretrained(tmp_path / "vl")
+    cfg = make_cfg(tmp_path / "vl", task="geometry3k", max_prompt_length=4096, use_x2="false")
+    backend = VerlBackend(cfg, None, None, None, tok, proc, task_name="geometry3k")
+    problems = [p for p in _problems("geometry3k", 40)]
+    first = problems[0]
+    other = next(p for p in problems if p.images[0].size != first.images[0].size)
+    enc = [backend.encode(p) for p in (first, other)]
+    assert len(enc[0]["input_ids"]) != len(enc[1]["input_ids"])
+    responses = [[tok.convert_tokens_to_ids(c) for c in "<answer>B"], [tok.convert_tokens_to_ids(c) for c in "A"]]
+    seqs = [{"prompt": e, "tokens": r, "logprobs": [-0.5] * len(r), "advantage": 1.0, "group": i}
+            for i, (e, r) in enumerate(zip(enc, responses))]
+    batch = backend.sequences_to_dataproto(seqs)
+    pos, ids, mask = batch.batch["position_ids"], batch.batch["input_ids"], batch.batch["attention_mask"]
+    assert pos.shape == (2, 4, ids.shape[1])
+    mm = batch.non_tensor_batch["multi_modal_inputs"]
+    assert all("mm_token_type_ids" not in m for m in mm)
+    image_pad = tok.convert_tokens_to_ids("<|image_pad|>")
+    merge = proc.image_processor.merge_size ** 2
+    for i in range(2):  # images_seqlens counts vision-encoder patches (before the merge), as in verl
+        assert int(mm[i]["images_seqlens"].sum()) == merge * int((ids[i] == image_pad).sum()) > 0
+    assert batch.meta_info["images_seqlens"] == [int(m["images_seqlens"].sum()) for m in mm]
+    assert batch.meta_info["global_token_num"] == mask.sum(-1).tolist()
+    with torch.no_grad():
+        for i in range(2):
+            inputs = dict(input_ids=ids[i:i + 1], attention_mask=mask[i:i + 1], pixel_values=mm[i]["pixel_values"],
+                          image_grid_thw=mm[i]["image_grid_thw"])
+            ours = model(**inputs, position_ids=pos[i:i + 1].transpose(0, 1)).logits[0][mask[i].bool()]
+            own = model(**inputs, mm_token_type_ids=(ids[i:i + 1] == image_pad).int()).logits[0][mask[i].bool()]
+            text_only = model(**inputs, position_ids=pos[i:i + 1, 0]).logits[0][mask[i].bool()]
+            err, text_err = (ours - own).abs().max().item(), (text_only - own).abs().max().item()
+            print(f"max |ours - own| {err:.2e}, max |text-only positions - own| {text_err:.2e}")
+            assert err < 1e-5 and text_err > 100 * err  # the M-RoPE rows matter, and ours are the model's
+
+
+class VLStandInRollout:
+    """AgentLoopManager for Qwen2.5-VL: each row's raw_prompt (PIL images inside) through the processor, ancestral
+    sampling with the engine (the model computes its own M-RoPE positions), rollout_log_probs of the sampled tokens."""
+
+    def __init__(self, engine, processor, response_length, temperature, seed):
+        self.engine, self.processor, self.R, self.temperature = engine, processor, response_length, temperature
+        self.gen = torch.Generator().manual_seed(seed)
+        self.image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        self.vision = torch.tensor([engine.config.image_token_id, engine.config.video_token_id])
+
+    @torch.no_grad()
+    def generate_sequences(self, batch: DataProto) -> DataProto:
+        tok = self.processor.tokenizer
+        prompts, responses, logps = [], [], []
+        for msgs in batch.non_tensor_batch["raw_prompt"]:
+            images = [c["image"] for m in msgs if isinstance(m["content"], list) for c in m["content"]
+                      if c.get("type") == "image"]
+            text = self.processor.apply_chat_template(list(msgs), add_generation_prompt=True, tokenize=False)
+            enc = self.processor(text=[text], images=images, return_tensors="pt")
+            ids, resp, lp = enc["input_ids"], [], []
+            for _ in range(self.R):
+                logits = self.engine(input_ids=ids, pixel_values=enc["pixel_values"],
+                                     image_grid_thw=enc["image_grid_thw"],
+                                     mm_token_type_ids=(ids == self.image_pad).int()).logits[0, -1].float()
+                dist = torch.log_softmax(logits / self.temperature, -1)
+                # never sample <|image_pad|> / <|video_pad|> (a random model would; they break the M-RoPE index, in
+                # verl too); the
+                # log-probs stay the model's raw ones (vLLM's default logprobs_mode, and the embedded backend's)
+                nxt = torch.multinomial(dist.exp().index_fill(0, self.vision, 0), 1,
+                                        generator=self.gen)
+                resp.append(int(nxt))
+                lp.append(float(dist[nxt]))
+                ids = torch.cat([ids, nxt[None]], 1)
+                if int(nxt) == tok.eos_token_id:
+                    break
+            prompts.append(enc["input_ids"][0])
+            responses.append(resp)
+            logps.append(lp)
+        N, P = len(prompts), max(len(p) for p in prompts)
+        out = {"prompts": torch.full((N, P), tok.pad_token_id), "responses": torch.full((N, self.R), tok.pad_token_id),
+               "attention_mask": torch.zeros(N, P + self.R, dtype=torch.long),
+               "rollout_log_probs": torch.zeros(N, self.R)}
+        for i, (p, r, lp) in enumerate(zip(prompts, responses, logps)):
+            out["prompts"][i, P - len(p):] = p
+            out["responses"][i, :len(r)] = torch.tensor(r)
+            out["attention_mask"][i, P - len(p):P + len(r)] = 1
+            out["rollout_log_probs"][i, :len(r)] = torch.tensor(lp)
+        return DataProto.from_dict(tensors=out, non_tensors=dict(batch.non_tensor_batch))
+
+
+class VLStandInActor(StandInActor):
+    """The FSDP actor on Qwen2.5-VL update batches: per sequence, the batch's (4, L) position ids and its
+    multi_modal_inputs (pixel_values, image_grid_thw) exactly as verl's actor feeds them to the model."""
+
+    @staticmethod
+    def logprobs(model, batch: DataProto):
+        b, mm = batch.batch, batch.non_tensor_batch["multi_modal_inputs"]
+        R = b["responses"].shape[1]
+        rows = []
+        for i in range(len(batch)):
+            logits = model(input_ids=b["input_ids"][i:i + 1], attention_mask=b["attention_mask"][i:i + 1],
+                           position_ids=b["position_ids"][i:i + 1].transpose(0, 1),
+                           pixel_values=mm[i]["pixel_values"], image_grid_thw=mm[i]["image_grid_thw"]).logits
+            logits = logits[:, -R - 1:-1].float() / batch.meta_info["temperature"]
+            rows.append(torch.log_softmax(logits, -1).gather(-1, b["input_ids"][i:i + 1, -R:, None])[..., 0])
+        return torch.cat(rows)
+
+
+def test_qwen2_5_vl_trains_through_verl_backend(tmp_path):
+    """The Trainer over VerlBackend on real Geometry3K diagrams with a tiny Qwen2.5-VL: every update batch,
+    replayed (X3) groups included, reproduces the engine's behaviour log-probs from its own position ids and
+    images, and the update reaches the vision tower."""
+    import dataclasses
+
+    from transformers import AutoTokenizer, Qwen2_5_VLForConditionalGeneration
+    from verl.utils import hf_processor
+
+    from bapo_vl.tiny import build_qwen2_5_vl
+
+    model, processor = build_qwen2_5_vl(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,
+                                        max_pixels=112 * 112)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    proc = hf_processor(str(tmp_path / "vl"))
+    tok = AutoTokenizer.from_pretrained(tmp_path / "vl")
+    # delay larger than the run: the engine keeps the initial weights, so every stored log-prob is theirs
+    cfg = make_cfg(tmp_path / "vl", task="geometry3k", max_prompt_length=4096, use_x2="false", delay=100,
+                   batch_size=4, mini_batch_size=4)
+    task = ScheduledTask(0)
+    task.problems = [dataclasses.replace(p, answer=i) for i, p in enumerate(_problems("geometry3k", 12))]
+    load = lambda: Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path / "vl", dtype=torch.float32).eval()
+    policy, engine = load(), load()
+    actor = VLStandInActor(policy, cfg, dp_size=1)
+    backend = VerlBackend(cfg, VLStandInRollout(engine, proc, cfg.max_response_length, cfg.temperature, cfg.seed),
+                          actor, StandInCheckpointManager(actor, engine), tok, proc, task_name="geometry3k")
+    tr = Trainer(cfg, backend, task, task.problems)
+    vision_before = weights(policy.model.visual)
+    results = [tr.step(t) for t in range(1, 5)]
+    assert sum(len(r.x3) for r in results) > 0 and len(actor.batches) == 4
+    with torch.no_grad():
+        for batch in actor.batches:
+            assert batch.batch["position_ids"].shape[1] == 4
+            m = batch.batch["response_mask"].bool()
+            ours = VLStandInActor.logprobs(engine, batch)
+            # ~1e-6 here; text-only positions in the M-RoPE rows give ~2e-5
+            torch.testing.assert_close(ours[m], batch.batch["old_log_probs"][m], atol=5e-6, rtol=0)
+    assert not same(policy.model.visual, vision_before)

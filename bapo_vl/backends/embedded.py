@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from bapo_vl.losses import LossConfig, entropy_from_logits, total_loss, truncated_is_weights
+from bapo_vl.losses import entropy_from_logits, total_loss, truncated_is_weights
 from bapo_vl.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -101,9 +101,7 @@ class EmbeddedBackend:
         if cfg.top_p < 1 or cfg.top_k > 0:
             log.warning("top_p/top_k truncate sampling, but behaviour log-probs are those of the full "
                         "temperature-scaled distribution (the paper uses top_p=1, top_k=-1)")
-        self.loss_cfg = LossConfig(name=cfg.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                   dual_clip=cfg.dual_clip, agg=cfg.loss_agg, kl_coef=cfg.kl_coef,
-                                   entropy_coef=cfg.entropy_coef)
+        self.loss_cfg = cfg.loss_config()
         self.rng = random.Random(cfg.seed)
 
     def _frozen_copy(self, dtype):

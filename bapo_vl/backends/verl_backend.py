@@ -86,6 +86,34 @@ def build_raw_prompt(row: dict, processor=None) -> list[dict]:
                                        | {"images": row.get("images")}, "prompt")
 
 
+def multi_modal_inputs(processor_output) -> dict:
+    """The per-sample `multi_modal_inputs` as verl's agent loop stores them (`_compute_multi_modal_inputs`): the
+    processor's tensors without input_ids / attention_mask, plus `images_seqlens` (vision tokens per image).
+    `mm_token_type_ids` (transformers >= 5.3) stays only until the position ids are computed, as in verl."""
+    mm = {k: v for k, v in dict(processor_output).items() if k not in ("input_ids", "attention_mask")}
+    thw = mm.get("image_grid_thw")
+    if thw is not None:
+        mm["images_seqlens"] = torch.repeat_interleave(thw[:, 1] * thw[:, 2], thw[:, 0])
+    return mm
+
+
+def mrope_position_ids(processor):
+    """Position ids for Qwen2.5-VL style models, computed by verl's own agent-loop code
+    (`AgentLoopWorker._compute_position_ids`: a text row plus the three M-RoPE rows, shape (1, 4, L)), so the update
+    batch matches what verl's rollout would have produced. `processor` must come from verl's `hf_processor`, which
+    binds the model's get_rope_index to it."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+
+    if not hasattr(processor, "get_rope_index"):
+        raise VerlConfigError(f"{type(processor).__name__} has no get_rope_index: load it with "
+                              "verl.utils.hf_processor(model_path), which binds the model's M-RoPE index to it")
+    worker = SimpleNamespace(processor=processor)
+
+    def position_ids(input_ids, attention_mask, mm: dict):
+        return AgentLoopWorker._compute_position_ids(worker, input_ids, attention_mask, dict(mm))
+    return position_ids
+
+
 def trainable_groups(n_groups: int, group_size: int, mini_batch_size: int, dp_size: int) -> int:
     """How many groups of the batch verl can train on (see the module docstring)."""
     if n_groups >= mini_batch_size:
@@ -122,6 +150,8 @@ class VerlBackend:
             raise VerlConfigError("re-evaluation (use_x2) with delay>1 needs an actor worker with save_model_to_cpu / "
                                   "restore_model_from_cpu (verl.experimental.separation.engine_workers.DetachActorWorker)"
                                   " to put the stale rollout weights back after the temporary sync")
+        if position_ids_fn is None and processor is not None:
+            position_ids_fn = mrope_position_ids(processor)
         self.position_ids_fn = position_ids_fn
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.updates = 0  # actor updates applied
@@ -146,7 +176,7 @@ class VerlBackend:
             text = self.processor.apply_chat_template(raw_prompt, add_generation_prompt=True, tokenize=False)
             out = self.processor(text=[text], images=list(problem.images), return_tensors="pt")
             ids = out["input_ids"][0]
-            mm = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask")}
+            mm = multi_modal_inputs(out)
         else:
             text = self.tokenizer.apply_chat_template(raw_prompt, add_generation_prompt=True, tokenize=False)
             ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -253,16 +283,20 @@ class VerlBackend:
                                       "agent loop computes them)")
             position_ids = torch.cat([self.position_ids_fn(input_ids[i:i + 1], attention_mask[i:i + 1], mm[i] or {})
                                       for i in range(N)])
+            mm = [{k: v for k, v in (m or {}).items() if k != "mm_token_type_ids"} for m in mm]
         else:
             position_ids = compute_position_id_with_mask(attention_mask)
         non_tensors = {"uid": object_array([str(s["group"]) for s in sequences])}
-        if any(m is not None for m in mm):
-            non_tensors["multi_modal_inputs"] = object_array([m or {} for m in mm])
+        meta = {"temperature": self.cfg.temperature, "global_steps": self.updates + 1,
+                "global_token_num": attention_mask.sum(-1).tolist()}
+        if any(m for m in mm if m):
+            non_tensors["multi_modal_inputs"] = object_array(mm)
+            meta["images_seqlens"] = [n for m in mm if "images_seqlens" in m for n in m["images_seqlens"].tolist()]
         return DataProto.from_dict(
             tensors={"prompts": prompts, "responses": responses, "input_ids": input_ids,
                      "attention_mask": attention_mask, "position_ids": position_ids, "response_mask": response_mask,
                      "old_log_probs": old, "advantages": adv * response_mask},
-            non_tensors=non_tensors, meta_info={"temperature": self.cfg.temperature, "global_steps": self.updates + 1})
+            non_tensors=non_tensors, meta_info=meta)
 
     def update(self, sequences: list[dict]) -> dict:
         G = self.cfg.group_size

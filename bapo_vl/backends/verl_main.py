@@ -7,7 +7,9 @@ manager) and keeps batches in the driver: BAPO's buffers hold groups across step
 trainer clears every step. The step loop is NOT verl's `fit()`: it is bapo_vl.trainer.Trainer over VerlBackend,
 writing the same run record as the embedded backend.
 
-The YAML has two parts: `bapo:` (our Config fields) and `verl:` (overrides of verl's ppo_trainer config, dotted keys).
+The YAML has three parts: `preset:` (one of our presets, e.g. math), `bapo:` (changes to our Config fields) and
+`verl:` (overrides of verl's ppo_trainer config, dotted keys, for how verl runs: parallelism, memory, engine).
+Everything our Config decides is written into verl's config by `derived_settings`, and refused under `verl:`.
 Overrides on the command line: `bapo.delay=3` or `verl.trainer.nnodes=2`.
 
 NOT RUN HERE (no GPU / vLLM): build_verl_workers and main. Written against verl 0.9.1's classes; tests only import it.
@@ -44,21 +46,53 @@ def load_configs(path: str, overrides: list[str]):
             verl_over.append(rest)
         else:
             raise ValueError(f"override {item!r}: prefix it with bapo. or verl.")
-    cfg = load_config(overrides=bapo)
+    cfg = load_config(preset=data.get("preset"), overrides=bapo)
+    derived = derived_settings(cfg)
+    for item in verl_over:
+        key = item.partition("=")[0].lstrip("+")
+        if key in derived:
+            source = derived[key][0]
+            raise ValueError(f"verl.{key} is fixed by BAPO {source}" if source.startswith("(") else
+                             f"verl.{key} is set from our config: use bapo.{source} instead")
     config_dir = str(Path(verl.__file__).parent / "trainer" / "config")
     with initialize_config_dir(config_dir=config_dir, version_base=None):
         vcfg = compose(config_name="ppo_trainer", overrides=verl_over)
     OmegaConf.set_struct(vcfg, False)
-    # what BAPO needs from verl, whatever the preset says
-    vcfg.trainer.use_v1 = False
-    vcfg.actor_rollout_ref.rollout.calculate_log_probs = True
-    vcfg.actor_rollout_ref.rollout.n = cfg.group_size
-    vcfg.actor_rollout_ref.rollout.temperature = cfg.temperature
-    vcfg.actor_rollout_ref.actor.ppo_mini_batch_size = cfg.mini_batch_size
-    vcfg.data.train_batch_size = cfg.batch_size
-    vcfg.reward.custom_reward_function.path = str(Path(__file__).with_name("verl_data.py"))
-    vcfg.reward.custom_reward_function.name = "compute_score"
+    for key, (_, value) in derived.items():
+        OmegaConf.update(vcfg, key, value, merge=False)
     return cfg, vcfg
+
+
+def derived_settings(cfg) -> dict[str, tuple[str, object]]:
+    """verl keys decided by our Config: {dotted verl key: (our field, value)}. One place per setting: a `verl.`
+    override of any of these is refused."""
+    from bapo_vl.backends.verl_loss import actor_settings
+
+    actor = {f"actor_rollout_ref.actor.{k}": v for k, v in actor_settings(cfg).items()}
+    fields = {"policy_loss.loss_mode": "loss", "clip_ratio_low": "clip_low", "clip_ratio_high": "clip_high",
+              "clip_ratio_c": "dual_clip", "loss_agg_mode": "loss_agg", "use_kl_loss": "kl_coef",
+              "kl_loss_coef": "kl_coef", "kl_loss_type": "kl_coef", "entropy_coeff": "entropy_coef",
+              "ppo_epochs": "epochs", "ppo_mini_batch_size": "mini_batch_size", "grad_clip": "grad_clip",
+              "optim.lr": "lr", "optim.weight_decay": "weight_decay"}
+    out = {k: (fields[k.removeprefix("actor_rollout_ref.actor.")], v) for k, v in actor.items()}
+    rollout = "actor_rollout_ref.rollout."
+    out.update({
+        "trainer.use_v1": ("(BAPO needs the legacy trainer)", False),
+        "actor_rollout_ref.model.path": ("model", cfg.model),
+        rollout + "calculate_log_probs": ("(BAPO needs behaviour log-probs)", True),
+        rollout + "n": ("group_size", cfg.group_size),
+        rollout + "temperature": ("temperature", cfg.temperature),
+        rollout + "top_p": ("top_p", cfg.top_p),
+        rollout + "top_k": ("top_k", cfg.top_k),
+        rollout + "prompt_length": ("max_prompt_length", cfg.max_prompt_length),
+        rollout + "response_length": ("max_response_length", cfg.max_response_length),
+        "data.max_prompt_length": ("max_prompt_length", cfg.max_prompt_length),
+        "data.max_response_length": ("max_response_length", cfg.max_response_length),
+        "data.train_batch_size": ("batch_size", cfg.batch_size),
+        "reward.custom_reward_function.path": ("(our verifiers)", str(Path(__file__).with_name("verl_data.py"))),
+        "reward.custom_reward_function.name": ("(our verifiers)", "compute_score"),
+    })
+    return out
 
 
 def build_verl_workers(vcfg):
@@ -142,8 +176,11 @@ def main(argv=None):
     import ray
     from verl.trainer.main_ppo import run_ppo  # noqa: F401  (ray runtime env helpers live with it)
 
+    from bapo_vl.backends import verl_loss
+
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})
+        ray.init(address=os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": {
+            "TOKENIZERS_PARALLELISM": "true", verl_loss.ENV: verl_loss.env_value(cfg)}})
     ray.get(ray.remote(num_cpus=1)(run).remote(cfg, vcfg))
 
 
