@@ -578,22 +578,27 @@ def test_vl_update_batch_positions_match_the_models_own(tmp_path):
 
 
 class VLStandInRollout:
-    """AgentLoopManager for Qwen2.5-VL: each row's raw_prompt (PIL images inside) through the processor, ancestral
+    """AgentLoopManager for Qwen2.5-VL: each row's raw_prompt (PIL images inside) through verl's own
+    process_vision_info (as its agent loop does) and the processor, ancestral
     sampling with the engine (the model computes its own M-RoPE positions), rollout_log_probs of the sampled tokens."""
 
     def __init__(self, engine, processor, response_length, temperature, seed):
         self.engine, self.processor, self.R, self.temperature = engine, processor, response_length, temperature
         self.gen = torch.Generator().manual_seed(seed)
         self.image_pad = processor.tokenizer.convert_tokens_to_ids("<|image_pad|>")
+        self.patch = processor.image_processor.patch_size
         self.vision = torch.tensor([engine.config.image_token_id, engine.config.video_token_id])
 
     @torch.no_grad()
     def generate_sequences(self, batch: DataProto) -> DataProto:
+        import asyncio
+
+        from verl.utils.dataset.rl_dataset import RLHFDataset
+
         tok = self.processor.tokenizer
         prompts, responses, logps = [], [], []
         for msgs in batch.non_tensor_batch["raw_prompt"]:
-            images = [c["image"] for m in msgs if isinstance(m["content"], list) for c in m["content"]
-                      if c.get("type") == "image"]
+            images = asyncio.run(RLHFDataset.process_vision_info(list(msgs), self.patch, config=None))[0]
             text = self.processor.apply_chat_template(list(msgs), add_generation_prompt=True, tokenize=False)
             enc = self.processor(text=[text], images=images, return_tensors="pt")
             ids, resp, lp = enc["input_ids"], [], []

@@ -86,6 +86,16 @@ def build_raw_prompt(row: dict, processor=None) -> list[dict]:
                                        | {"images": row.get("images")}, "prompt")
 
 
+def vision_inputs(raw_prompt: list[dict], processor) -> list:
+    """The images exactly as verl's agent loop hands them to the processor (RLHFDataset.process_vision_info:
+    qwen_vl_utils resizes each to the patch grid first), so the update batch sees the pixels the engine saw."""
+    from qwen_vl_utils import process_vision_info
+
+    patch = getattr(getattr(processor, "image_processor", None), "patch_size", 14)
+    images, _ = process_vision_info(raw_prompt, image_patch_size=patch, return_video_metadata=True)
+    return images
+
+
 def multi_modal_inputs(processor_output) -> dict:
     """The per-sample `multi_modal_inputs` as verl's agent loop stores them (`_compute_multi_modal_inputs`): the
     processor's tensors without input_ids / attention_mask, plus `images_seqlens` (vision tokens per image).
@@ -174,7 +184,7 @@ class VerlBackend:
         mm = None
         if self.processor is not None and problem.images:
             text = self.processor.apply_chat_template(raw_prompt, add_generation_prompt=True, tokenize=False)
-            out = self.processor(text=[text], images=list(problem.images), return_tensors="pt")
+            out = self.processor(text=[text], images=vision_inputs(raw_prompt, self.processor), return_tensors="pt")
             ids = out["input_ids"][0]
             mm = multi_modal_inputs(out)
         else:
