@@ -203,7 +203,7 @@ def _progress(quiet: bool):
 def evaluate(backend, task: Task, sets: dict[str, list[Problem]], k: int, quiet: bool = False) -> dict[str, dict]:
     """Sample k responses per problem, verify them, and return the metrics of each set, plus
     "problems": {uid: correct count} and "seconds"."""
-    from bapo_vl.trainer import verify_safely
+    from bapo_vl.trainer import verify_all
 
     per_call = max(1, backend.cfg.generate_batch_size // k)  # problems per generate call
     results = {}
@@ -214,10 +214,13 @@ def evaluate(backend, task: Task, sets: dict[str, list[Problem]], k: int, quiet:
             for i in range(0, len(problems), per_call):
                 chunk = problems[i:i + per_call]
                 outputs = backend.generate([backend.encode(p) for p in chunk], k, policy="current")
-                for problem, responses in zip(chunk, outputs):
-                    found = [verify_safely(task, backend.decode(tokens), problem.answer) for tokens, _ in responses]
-                    verdicts.update(v.value for v in found)
-                    correct.append(sum(v is Verdict.CORRECT for v in found))
+                flat = verify_all(task, [backend.decode(tokens) for responses in outputs for tokens, _ in responses],
+                                  [p.answer for p, responses in zip(chunk, outputs) for _ in responses])
+                verdicts.update(v.value for v in flat)
+                start = 0
+                for responses in outputs:
+                    correct.append(sum(v is Verdict.CORRECT for v in flat[start:start + len(responses)]))
+                    start += len(responses)
                 progress.update(bar, advance=len(chunk))
             results[split] = set_metrics(correct, k, verdicts) | {
                 "seconds": time.perf_counter() - t0,
@@ -266,7 +269,8 @@ def run_eval(opts: EvalOptions) -> dict:
     checkpoint = int(state_file.parent.name.removeprefix("step_")) if state_file is not None else None
     result = {
         "model": opts.model, "policy": model if state_file is None else str(state_file), "checkpoint": checkpoint,
-        "task": task.name, "task_origin": task.origin, "splits": list(sets), "options": options,
+        "task": task.name, "task_origin": task.origin, "verifier_version": task.version, "splits": list(sets),
+        "options": options,
         "k": opts.k, "temperature": opts.temperature, "max_new_tokens": backend.cfg.max_response_length,
         "seed": opts.seed, "sets": per_set, "average": average(per_set),
         "run": None, "step": None, "seconds": None,

@@ -16,6 +16,14 @@
     EVAL_SPLITS: list[str] = []                  (optional)
         Split names load() accepts that `bapo eval` evaluates on by default, e.g. ["cd34", "cd4"].
 
+    VERSION: str = ""                            (optional)
+        The verifier's version, stored in each run record (meta `verifier_version`) and eval result: bump it
+        whenever verify() can judge a response differently.
+
+    def verify_batch(responses: list[str], answers: list) -> list[Verdict]    (optional)
+        Many responses at once (e.g. in parallel); the trainer and `bapo eval` use it when present. If it
+        raises, each response is verified alone with verify().
+
 Where plugins are found, in this order: the bundled `tasks/` folder (installed as bapo_vl.tasks), the extra
 folders of `tasks_dirs` / `--tasks-dir` (each a folder of plugin folders, or a plugin folder itself), and
 installed packages through the `bapo_vl.tasks` entry-point group (`name = "package.module"`).
@@ -62,6 +70,8 @@ class Task:
     origin: str  # the folder or entry point it came from
     module: ModuleType
     eval_splits: list[str] = field(default_factory=list)
+    version: str = ""
+    verify_batch: Callable | None = None
 
 
 def accepts(fn, *args, **kwargs) -> bool:
@@ -95,7 +105,13 @@ def check(module, origin: str) -> Task:
     if not accepts(module.verify, "response", None):
         raise PluginError(origin, "verify() must take (response, answer)")
     splits = _eval_splits(getattr(module, "EVAL_SPLITS", []), origin)
-    return Task(name, module.load, module.verify, origin, module, splits)
+    version = getattr(module, "VERSION", "")
+    if not isinstance(version, str):
+        raise PluginError(origin, f"VERSION must be a str, got {version!r}")
+    batch = getattr(module, "verify_batch", None)
+    if batch is not None and not (callable(batch) and accepts(batch, ["response"], [None])):
+        raise PluginError(origin, "verify_batch() must take (responses, answers), two lists")
+    return Task(name, module.load, module.verify, origin, module, splits, version, batch)
 
 
 def load_folder(folder) -> Task:

@@ -7,7 +7,8 @@ committed step and never block the writer, and the writer commits one short tran
 Schema (SCHEMA_VERSION = 1; JSON columns are text):
 
     meta(key PRIMARY KEY, value)       schema_version, created_at, name, status (running/finished/failed),
-                                       backend, bapo_vl_version, finished_at, resumed_at
+                                       backend, bapo_vl_version, finished_at, resumed_at,
+                                       verifier_version, verifier_versions ([[version, first step], ...])
     config(json)                       the full config, one row
     steps(step PRIMARY KEY, time,      one row per training step; `metrics` holds every key the trainer
           metrics JSON, bins JSON,     logged (known or not), the other columns copy the most queried ones
@@ -34,6 +35,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import json
+import logging
 import math
 import os
 import sqlite3
@@ -43,6 +45,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import bapo_vl
+
+log = logging.getLogger(__name__)
 
 SCHEMA_VERSION = 1
 DB_NAME = "run.db"
@@ -275,6 +279,20 @@ class RunRecord:
                 conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                  [("status", "running"), ("resumed_at", _now())])
         return cls(run_dir, conn, sinks)
+
+    def set_verifier(self, version: str, from_step: int) -> None:
+        """The task verifier's version judging the steps from `from_step` on. A resumed run whose verifier
+        changed keeps the history: meta verifier_versions = [[version, first step], ...]."""
+        row = self.conn.execute("SELECT value FROM meta WHERE key = 'verifier_versions'").fetchone()
+        history = [h for h in (json.loads(row[0]) if row else []) if h[1] < from_step]
+        if history and history[-1][0] != version:
+            log.warning("%s: verifier %s judged the steps before %d, %s judges the rest", self.run_dir,
+                        history[-1][0] or "(unversioned)", from_step, version or "(unversioned)")
+        if not history or history[-1][0] != version:
+            history.append([version, from_step])
+        with self.conn:
+            self.conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
+                                  [("verifier_version", version), ("verifier_versions", json.dumps(history))])
 
     def log_problems(self, problems: Iterable) -> None:
         """Store each problem once (by uid). Already stored uids are skipped before any PNG encoding."""

@@ -66,11 +66,13 @@ def open_run(cfg: Config, trainer: Trainer, problems) -> tuple[Path, RunRecord, 
         trainer.load_state_dict(torch.load(path / "state.pt", weights_only=False))
         trainer.backend.load_checkpoint(path)
         record = RunRecord.open(run_dir, truncate_after=start, sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
+        record.set_verifier(getattr(trainer.task, "version", ""), start + 1)
         return run_dir, record, start
     name = cfg.name or f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
     run_dir = Path(cfg.run_dir) / name
     record = RunRecord.create(run_dir, cfg.to_dict(), name=name, backend=trainer.backend.name,
                               sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
+    record.set_verifier(getattr(trainer.task, "version", ""), 1)
     record.log_problems(problems)
     return run_dir, record, 0
 

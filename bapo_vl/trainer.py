@@ -56,6 +56,21 @@ class PromptSampler:
         self._order = self._permutation()
 
 
+def verify_all(task, texts: list[str], answers: list) -> list[Verdict]:
+    """Verdicts for many responses: the task's verify_batch when it has one (falling back to one at a time if it
+    raises or returns the wrong number), else verify_safely on each."""
+    batch = getattr(task, "verify_batch", None)
+    if batch is not None and texts:
+        try:
+            verdicts = list(batch(texts, answers))
+            if len(verdicts) == len(texts):
+                return [v if isinstance(v, Verdict) else Verdict(v) for v in verdicts]
+            log.warning("verify_batch of %s returned %d verdicts for %d responses", task.name, len(verdicts), len(texts))
+        except Exception as e:  # noqa: BLE001 - model output is hostile input
+            log.warning("verify_batch of %s raised %s: %s; verifying one at a time", task.name, type(e).__name__, e)
+    return [verify_safely(task, t, a) for t, a in zip(texts, answers)]
+
+
 def verify_safely(task, text: str, answer) -> Verdict:
     """A verifier must never crash the trainer: an exception counts as unparsable (and is logged)."""
     try:
@@ -104,12 +119,15 @@ class Trainer:
         outputs = self.backend.generate(prompts, self.cfg.group_size, policy=policy)
         t1 = time.perf_counter()
         version = self.rollout_version if policy == "rollout" else self.updates
-        groups = []
-        for problem, prompt, responses in zip(problems, prompts, outputs):
+        texts = [[self.backend.decode(tokens) for tokens, _ in responses] for responses in outputs]
+        flat = verify_all(self.task, [t for ts in texts for t in ts],
+                          [p.answer for p, ts in zip(problems, texts) for _ in ts])
+        groups, k = [], 0
+        for problem, prompt, responses, group_texts in zip(problems, prompts, outputs, texts):
             samples = []
-            for tokens, logprobs in responses:
-                text = self.backend.decode(tokens)
-                verdict = verify_safely(self.task, text, problem.answer)
+            for (tokens, logprobs), text in zip(responses, group_texts):
+                verdict = flat[k]
+                k += 1
                 self.verdicts[verdict.value] += 1
                 samples.append(Sample(tokens, logprobs, text, verdict.reward, verdict.value))
             groups.append(Group(problem, samples, step, version, source, prompt))

@@ -270,3 +270,22 @@ def test_tensorboard_sink_writes_events(tmp_path):
 def test_make_sinks_unknown_kind_lists_known(tmp_path):
     with pytest.raises(ValueError, match="tensorboard"):
         make_sinks(["mlflow"], tmp_path, CONFIG)
+
+
+def test_verifier_version_history_across_resumes(tmp_path):
+    # Could fail if a resume with a changed verifier overwrote which verifier judged the earlier steps, or if
+    # steps dropped by the resume (truncate_after) kept a version entry.
+    rec = RunRecord.create(tmp_path / "r", CONFIG)
+    rec.set_verifier("math-1.0", 1)
+    rec.close()
+    rec = RunRecord.open(tmp_path / "r", truncate_after=10)
+    rec.set_verifier("math-1.0", 11)  # same verifier: nothing new
+    rec.set_verifier("math-1.1", 21)
+    rec.close()
+    meta = read_run(tmp_path / "r")["meta"]
+    assert meta["verifier_version"] == "math-1.1"
+    assert json.loads(meta["verifier_versions"]) == [["math-1.0", 1], ["math-1.1", 21]]
+    rec = RunRecord.open(tmp_path / "r", truncate_after=15)
+    rec.set_verifier("math-1.2", 16)  # steps 16.. are trained again: math-1.1 judged none of the kept steps
+    rec.close()
+    assert json.loads(read_run(tmp_path / "r")["meta"]["verifier_versions"]) == [["math-1.0", 1], ["math-1.2", 16]]

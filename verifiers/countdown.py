@@ -17,6 +17,8 @@ from fractions import Fraction
 
 from bapo_vl.problem import Verdict
 
+VERIFIER_VERSION = "countdown-1.0"  # bump when a response could be judged differently
+
 MAX_RESPONSE = 20_000  # longer responses: only the tail is searched for the answer
 MAX_MAGNITUDE = 10**12  # bound on |literal|, and on numerator and denominator of every intermediate value
 MAX_PAREN_DEPTH = 32

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from bapo_vl.datafiles import parse_rows
 from bapo_vl.problem import Problem
+from bapo_vl.verifiers.countdown import VERIFIER_VERSION as VERSION  # noqa: F401  (recorded with each run)
 from bapo_vl.verifiers.countdown import verify  # noqa: F401  (the plugin's verify)
 
 NAME = "countdown"

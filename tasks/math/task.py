@@ -32,6 +32,8 @@ from pathlib import Path
 
 from bapo_vl.datafiles import parse_rows, read_rows
 from bapo_vl.problem import Problem
+from bapo_vl.verifiers import math as verifiers_math
+from bapo_vl.verifiers.math import VERIFIER_VERSION as VERSION  # noqa: F401  (recorded with each run)
 
 NAME = "math"
 log = logging.getLogger("bapo_vl.tasks.math")
@@ -278,6 +280,10 @@ def load(split: str = "train", source: str | None = None, template: str = "r1", 
 
 
 def verify(response: str, answer):
-    """The math verifier's verdict (imported here, so this module loads without it)."""
-    from bapo_vl.verifiers.math import verify as verify_math
-    return verify_math(response, answer)
+    """The math verifier's verdict."""
+    return verifiers_math.verify(response, answer)
+
+
+def verify_batch(responses: list[str], answers: list):
+    """Many verdicts: the symbolic checks run in parallel over the sandbox workers."""
+    return verifiers_math.verify_batch(responses, answers)

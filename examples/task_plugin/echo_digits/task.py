@@ -16,6 +16,7 @@ from bapo_vl.problem import Problem, Verdict
 
 NAME = "echo_digits"
 EVAL_SPLITS = ["test"]  # what `bapo eval` evaluates by default (any split load() accepts can be named)
+VERSION = "echo_digits-1"  # recorded with each run; bump it when verify() can judge a response differently
 
 SIZES = {"train": 1000, "test": 100}
 
