@@ -39,7 +39,7 @@ class Config:
     dtype: str = "auto"
     """auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"""
     algo: str = "bapo"
-    """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | mini_test"""
+    """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | ba_ppo | mini_test"""
 
     # --- sampling ---
     batch_size: int = 256
@@ -108,6 +108,11 @@ class Config:
     bac_step: float = LossConfig.bac_step
     bac_dual_clip: float = LossConfig.bac_dual_clip
     """balanced_clip only: ranges of the ratio bounds, target positive share, step, dual clip"""
+    critic: bool = False
+    """BA-PPO (paper A.9): a learned critic and GAE (gamma = lam = 1) instead of GRPO's group baseline"""
+    critic_lr: float = 1e-5
+    value_clip: float = 0.5
+    """critic: clipped value loss, |V − V_old| <= value_clip"""
     tis_threshold: float | None = None
     """[code] token-level truncated importance sampling threshold (3 in the authors' code); None = off"""
     adv_eps: float = 1e-6
@@ -175,6 +180,7 @@ ALGOS: dict[str, dict[str, Any]] = {
     # Parameter-free "mini-test" (paper section 5.2): X1 drops all-0/all-1 groups; X2 takes the all-wrong
     # groups (mu == 0), re-generated every step (stored all-wrong responses have zero advantage); X3 reuses
     # groups with mu == 1/2 exactly. It is a preset: c1 = 0 and c2 = c3 = 1/2 express it.
+    "ba_ppo": dict(critic=True),  # BA-PPO: BAPO's batch adaptation in front of PPO with a critic (A.9)
     "mini_test": dict(online_filter="range", c1=0.0, c2_range=(0.5, 0.5), c3_range=(0.5, 0.5), reeval_every=1),
 }
 

@@ -38,6 +38,46 @@ def grpo_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
     return (r - mean) / torch.sqrt(std**2 + eps)
 
 
+def gae_advantages(rewards: Tensor, values: Tensor, mask: Tensor, gamma: float = 1.0, lam: float = 1.0
+                   ) -> tuple[Tensor, Tensor]:
+    """GAE for BA-PPO (paper A.9: γ = λ = 1) with the outcome reward on each response's last valid token.
+
+    rewards (B,) 0/1 outcome per response; values (B, T) = V(s_t), the critic's value before token t; mask (B, T).
+    Returns (advantages, returns), both (B, T), without grad: returns = GAE + V, advantages whitened over the valid
+    tokens of the batch (as verl's compute_gae_advantage_return). With γ = λ = 1, A_t = r − V(s_t) before whitening.
+    """
+    with torch.no_grad():
+        m = mask.to(values.dtype)  # (B, T)
+        last = (m.cumsum(-1) == m.sum(-1, keepdim=True)) & (m > 0)  # (B, T), the last valid token
+        token_rewards = last.to(values.dtype) * rewards.to(values.dtype)[:, None]  # (B, T)
+        next_value = torch.zeros_like(values[:, 0])  # (B,)
+        running = torch.zeros_like(values[:, 0])  # (B,)
+        out = []
+        for t in reversed(range(values.shape[1])):
+            delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+            gae = delta + gamma * lam * running
+            next_value = torch.where(m[:, t] > 0, values[:, t], next_value)  # padding passes values through
+            running = torch.where(m[:, t] > 0, gae, running)
+            out.append(running)
+        advantages = torch.stack(out[::-1], dim=1)  # (B, T)
+        returns = advantages + values
+        n = m.sum()
+        mean = (advantages * m).sum() / n
+        var = (((advantages - mean) ** 2) * m).sum() / n * (n / (n - 1)) if n > 1 else torch.zeros_like(mean)
+        return (advantages - mean) * torch.rsqrt(var + 1e-8), returns
+
+
+def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float, agg: str,
+               n_tokens: int | float | None = None, n_seqs: int | None = None) -> tuple[Tensor, dict[str, float]]:
+    """Clipped value loss 0.5·agg(max((V − R)², (clip(V, V_old ± clip) − R)²)), all (B, T); metrics vf_loss,
+    vf_clipfrac (share of valid tokens where the clipped term was larger)."""
+    clipped = old_values + (values - old_values).clamp(-clip, clip)  # (B, T)
+    plain_sq, clipped_sq = (values - returns) ** 2, (clipped - returns) ** 2  # (B, T)
+    loss = 0.5 * aggregate(torch.maximum(plain_sq, clipped_sq), mask, agg, n_tokens=n_tokens, n_seqs=n_seqs)
+    frac = _masked_mean((clipped_sq > plain_sq).to(values.dtype), mask.to(values.dtype))
+    return loss, _floats(vf_loss=loss, vf_clipfrac=frac)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Configuration
 # ---------------------------------------------------------------------------------------------------------------

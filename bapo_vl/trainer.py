@@ -182,15 +182,16 @@ class Trainer:
         return sample_replay(self.state.high, room, th.c2, th.c3, exclude, self.state.rng)
 
     def train_on(self, batch: list[Group]) -> dict:
-        """Steps 8-9: GRPO advantages per group, then the clipped update against stored log-probs."""
+        """Steps 8-9: GRPO advantages per group, then the clipped update against stored log-probs. With a critic
+        (BA-PPO) the advantage is left to the backend, which computes GAE from its value model and the rewards."""
         if not batch:
             return {}
         for g in batch:  # replayed groups were stored without their encoding
             g.prompt = g.prompt if g.prompt is not None else self.backend.encode(g.problem)
         rewards = torch.tensor([g.rewards for g in batch], dtype=torch.float32)  # (n_groups, G)
-        adv = grpo_advantages(rewards, eps=self.cfg.adv_eps)  # (n_groups, G)
-        sequences = [{"prompt": g.prompt, "tokens": s.tokens, "logprobs": s.logprobs,
-                      "advantage": float(adv[i, j]), "group": i}
+        adv = None if self.cfg.critic else grpo_advantages(rewards, eps=self.cfg.adv_eps)  # (n_groups, G)
+        sequences = [{"prompt": g.prompt, "tokens": s.tokens, "logprobs": s.logprobs, "reward": s.reward,
+                      "advantage": None if adv is None else float(adv[i, j]), "group": i}
                      for i, g in enumerate(batch) for j, s in enumerate(g.samples)]
         t0 = time.perf_counter()
         metrics = self.backend.update(sequences)

@@ -505,3 +505,44 @@ def test_config_carries_every_loss_setting():
         load_config(overrides=["loss=ppo"])
     with pytest.raises(ValueError, match="bac_clip_low_range"):
         load_config(overrides=["loss=balanced_clip", "bac_clip_low_range=[0.9, 0.5]"])
+
+
+# --- BA-PPO: GAE and the value loss, against verl's own functions ---------------------------------------------------
+
+def test_gae_with_gamma_lambda_one_is_reward_minus_value_and_matches_verl():
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    from bapo_vl.losses import gae_advantages
+
+    gen = torch.Generator().manual_seed(0)
+    values = torch.randn(5, 7, generator=gen, dtype=torch.float64)
+    mask = (torch.arange(7)[None] < torch.tensor([[7], [4], [1], [6], [3]])).double()
+    rewards = torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64)
+    adv, ret = gae_advantages(rewards, values, mask)
+    token_rewards = torch.zeros_like(values)
+    token_rewards[torch.arange(5), mask.sum(-1).long() - 1] = rewards
+    want_adv, want_ret = compute_gae_advantage_return(token_rewards, values, mask, gamma=1.0, lam=1.0)
+    torch.testing.assert_close(adv * mask, want_adv * mask)
+    torch.testing.assert_close(ret * mask, want_ret * mask)
+    # γ = λ = 1: before whitening A_t = r − V(s_t), so returns are the outcome reward on every valid token
+    torch.testing.assert_close(ret * mask, rewards[:, None].expand(5, 7) * mask)
+    adv2, _ = gae_advantages(rewards, values, mask, gamma=0.9, lam=0.8)
+    want2, _ = compute_gae_advantage_return(token_rewards, values, mask, gamma=0.9, lam=0.8)
+    torch.testing.assert_close(adv2 * mask, want2 * mask)
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_value_loss_matches_verl(agg):
+    from verl.trainer.ppo.core_algos import compute_value_loss
+
+    from bapo_vl.losses import value_loss
+
+    gen = torch.Generator().manual_seed(1)
+    old = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    new = old + torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    ret = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    mask = (torch.arange(6)[None] < torch.tensor([[6], [2], [5], [1]])).double()
+    loss, m = value_loss(new, old, ret, mask, clip=0.5, agg=agg)
+    want, frac = compute_value_loss(new, ret, old, mask, cliprange_value=0.5, loss_agg_mode=agg)
+    torch.testing.assert_close(loss, want)
+    assert m["vf_clipfrac"] == pytest.approx(float(frac)) and 0 < m["vf_clipfrac"] < 1

@@ -514,3 +514,43 @@ def test_train_completes_when_the_dataset_is_not_a_multiple_of_b(env):
     # Could fail if a batch straddling two epochs repeated a prompt (the record keys rows by step, uid, subset).
     run_dir = train(config(env, name="small-dataset", task_options="{n: 12}", steps=3, **BAPO), quiet=True)
     assert read_run(run_dir)["meta"]["status"] == "finished"
+
+
+def test_ba_ppo_learns_a_critic_and_trains_on_its_gae(env):
+    # Could fail if the critic never saw a gradient, if the policy still got GRPO's per-group scalar advantage, if
+    # the advantages were not the GAE of the critic's values (γ = λ = 1: returns = the reward on every token), or
+    # if resuming lost the critic.
+    from bapo_vl.losses import gae_advantages
+
+    trainer = make_trainer(config(env, algo="ba_ppo", critic_lr=1e-3, **BAPO))
+    backend = trainer.backend
+    head = weights(backend.critic)
+    seen = []
+    update = backend.update
+    backend.update = lambda seqs: seen.append(copy.deepcopy(seqs)) or update(seqs)
+    ms = [trainer.step(t).metrics for t in range(1, 5)]
+    assert all(m["vf_loss"] > 0 for m in ms if m["trained_groups"])
+    assert not same_weights(backend.critic, head)
+    trained = [s for s in seen if s]
+    assert trained and all(q["advantage"] is None for s in trained for q in s)  # the trainer left it to the critic
+    # the advantages of the last update are GAE over the critic's values as they were before that update
+    seqs = trained[-1]
+    state = copy.deepcopy(backend.state_dict())
+    rewards = torch.tensor([q["reward"] for q in seqs])
+    R = max(len(q["tokens"]) for q in seqs)
+    mask = torch.tensor([[1.0] * len(q["tokens"]) + [0.0] * (R - len(q["tokens"])) for q in seqs])
+    with torch.no_grad():
+        values = backend._values([q["prompt"] for q in seqs], [q["tokens"] for q in seqs], range(len(seqs)))
+    adv, ret = gae_advantages(rewards, values * mask, mask)
+    torch.testing.assert_close(ret * mask, rewards[:, None] * mask)
+    probe = copy.deepcopy(seqs)
+    backend._gae([q["prompt"] for q in probe], [q["tokens"] for q in probe], probe)
+    for i, q in enumerate(probe):
+        assert q["advantage"] == pytest.approx(adv[i, :len(q["tokens"])].tolist(), abs=1e-5)
+    # resume keeps the critic
+    other = make_trainer(config(env, algo="ba_ppo", **BAPO)).backend
+    other.load_state_dict(state)
+    assert same_weights(other.critic, weights(backend.critic))
+    plain = make_trainer(config(env, algo="bapo", **BAPO)).backend
+    with pytest.raises(ValueError, match="no critic"):
+        make_trainer(config(env, algo="ba_ppo", **BAPO)).backend.load_state_dict(plain.state_dict())

@@ -689,3 +689,8 @@ def test_qwen2_5_vl_trains_through_verl_backend(tmp_path):
             # ~1e-6 here; text-only positions in the M-RoPE rows give ~2e-5
             torch.testing.assert_close(ours[m], batch.batch["old_log_probs"][m], atol=5e-6, rtol=0)
     assert not same(policy.model.visual, vision_before)
+
+
+def test_ba_ppo_is_refused_on_verl(model_dir):
+    with pytest.raises(VerlConfigError, match="BA-PPO"):
+        make_verl(make_cfg(model_dir, critic="true"))

@@ -18,7 +18,8 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from bapo_vl.losses import entropy_from_logits, total_loss, truncated_is_weights
+from bapo_vl.backends.critic import ValueModel
+from bapo_vl.losses import entropy_from_logits, gae_advantages, total_loss, truncated_is_weights, value_loss
 from bapo_vl.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -79,6 +80,9 @@ class EmbeddedBackend:
         self.rollout = self._frozen_copy(frozen_dtype) if cfg.delay > 1 else self.policy
         self.ref = self._frozen_copy(frozen_dtype) if cfg.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.critic = ValueModel(self.policy).to(self.device) if cfg.critic else None
+        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr,
+                                                   weight_decay=cfg.weight_decay) if self.critic else None)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         gen_cfg = getattr(self.policy, "generation_config", None)
         eos = gen_cfg.eos_token_id if gen_cfg is not None and gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
@@ -221,6 +225,9 @@ class EmbeddedBackend:
         old = behaviour
         if cfg.tis_threshold is not None:  # [code]: ratio against the proximal policy, truncated IS to alpha
             old = self.score(self.policy, prompts, responses)
+        values = returns = None
+        if self.critic is not None:  # BA-PPO: token-level GAE advantages from the critic, fixed for the epochs
+            values, returns = self._gae(prompts, responses, sequences)
         groups = sorted({s["group"] for s in sequences})
         per_mini: list[dict] = []
         for _ in range(cfg.epochs):
@@ -236,6 +243,8 @@ class EmbeddedBackend:
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
                 self.optimizer.step()
                 per_mini.append(_combine(micro_metrics) | {"grad_norm": float(grad_norm)})
+                if self.critic is not None:
+                    per_mini[-1] |= self._critic_step(idx, prompts, responses, values, returns, n_tokens)
         return {k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]} if per_mini else {}
 
     def _backward(self, micro, prompts, responses, old, behaviour, ref, sequences, n_tokens, n_seqs) -> dict:
@@ -244,7 +253,8 @@ class EmbeddedBackend:
         batch = self._collate([prompts[i] for i in micro], [responses[i] for i in micro])
         logp, entropy = self._token_logprobs(self.policy, batch, R, with_entropy=self.cfg.entropy_coef > 0)
         mask = pad([[1.0] * len(responses[i]) for i in micro])
-        adv = pad([[sequences[i]["advantage"]] * len(responses[i]) for i in micro])
+        adv = pad([sequences[i]["advantage"] if isinstance(sequences[i]["advantage"], list)
+                   else [sequences[i]["advantage"]] * len(responses[i]) for i in micro])
         old_logp = pad([old[i] for i in micro])
         ref_logp = pad([ref[i] for i in micro]) if ref is not None else None
         is_w = None
@@ -254,6 +264,46 @@ class EmbeddedBackend:
                                    is_weights=is_w, n_tokens=n_tokens, n_seqs=n_seqs)
         loss.backward()
         return metrics
+
+    # --- critic (BA-PPO) -------------------------------------------------------------------------------------
+
+    def _values(self, prompts, responses, idx) -> torch.Tensor:
+        batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
+        with self._autocast():
+            return self.critic(batch, max(len(responses[i]) for i in idx))  # (b, R)
+
+    @torch.no_grad()
+    def _gae(self, prompts, responses, sequences) -> tuple[list[list[float]], list[list[float]]]:
+        """Old values V(s_t) and GAE returns per sequence; each sequence's "advantage" becomes its token list."""
+        R = max(len(r) for r in responses)
+        values = torch.zeros(len(responses), R, device=self.device)
+        for idx in _chunks(list(range(len(responses))), self.cfg.micro_batch_size):
+            v = self._values(prompts, responses, idx).float()
+            values[idx, :v.shape[1]] = v
+        mask = torch.tensor([[1.0] * len(r) + [0.0] * (R - len(r)) for r in responses], device=self.device)
+        rewards = torch.tensor([s["reward"] for s in sequences], dtype=torch.float32, device=self.device)
+        adv, ret = gae_advantages(rewards, values * mask, mask)
+        for i, s in enumerate(sequences):
+            s["advantage"] = adv[i, :len(responses[i])].tolist()
+        return ([values[i, :len(r)].tolist() for i, r in enumerate(responses)],
+                [ret[i, :len(r)].tolist() for i, r in enumerate(responses)])
+
+    def _critic_step(self, idx, prompts, responses, values, returns, n_tokens) -> dict:
+        """One optimizer step of the critic on the mini-batch `idx`: clipped value loss against the GAE returns."""
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        parts = []
+        for micro in _chunks(idx, self.cfg.micro_batch_size):
+            R = max(len(responses[i]) for i in micro)
+            pad = lambda rows: torch.tensor([r + [0.0] * (R - len(r)) for r in rows], device=self.device)  # noqa: E731
+            loss, m = value_loss(self._values(prompts, responses, micro).float(), pad([values[i] for i in micro]),
+                                 pad([returns[i] for i in micro]), pad([[1.0] * len(responses[i]) for i in micro]),
+                                 self.cfg.value_clip, "token-mean", n_tokens=n_tokens)
+            loss.backward()
+            parts.append((m, sum(len(responses[i]) for i in micro)))
+        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.grad_clip)
+        self.critic_optimizer.step()
+        return {"vf_loss": sum(m["vf_loss"] for m, _ in parts),
+                "vf_clipfrac": sum(m["vf_clipfrac"] * n for m, n in parts) / max(1, sum(n for _, n in parts))}
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 
@@ -275,7 +325,9 @@ class EmbeddedBackend:
     def state_dict(self) -> dict:
         return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
                 "rollout": None if self.rollout is self.policy else self.rollout.state_dict(),
-                "rng": self.rng.getstate()}
+                "rng": self.rng.getstate(),
+                "critic": None if self.critic is None else (self.critic.state_dict(),
+                                                            self.critic_optimizer.state_dict())}
 
     def load_state_dict(self, state: dict):
         self.policy.load_state_dict(state["policy"])
@@ -283,3 +335,8 @@ class EmbeddedBackend:
         if state["rollout"] is not None and self.rollout is not self.policy:
             self.rollout.load_state_dict(state["rollout"])
         self.rng.setstate(state["rng"])
+        if self.critic is not None:
+            if state.get("critic") is None:
+                raise ValueError("this checkpoint has no critic: it was not trained with critic=True (BA-PPO)")
+            self.critic.load_state_dict(state["critic"][0])
+            self.critic_optimizer.load_state_dict(state["critic"][1])

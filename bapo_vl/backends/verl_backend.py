@@ -147,6 +147,9 @@ class VerlBackend:
                  task_name: str | None = None, divisor: int = 1, dp_size: int = 1, mini_batch_size: int | None = None,
                  rollout_name: str = "vllm", free_cache_engine: bool = False, position_ids_fn=None):
         validate_verl_config(rollout_name, free_cache_engine, cfg.delay)
+        if cfg.critic:
+            raise VerlConfigError("critic=True (BA-PPO) runs on the embedded backend only: verl's critic worker is "
+                                  "not wired into VerlBackend")
         self.cfg, self.rollout_manager, self.actor, self.checkpoint_manager = cfg, rollout_manager, actor, checkpoint_manager
         self.tokenizer, self.processor = tokenizer, processor
         self.task_name = task_name or cfg.task
