@@ -23,26 +23,26 @@ VERL_LOSS_MODE = {"ppo_clip": "vanilla", "gspo": "gspo", "balanced_clip": "bapo_
 NO_DUAL_CLIP = 1e9  # verl's vanilla loss always dual-clips (clip_ratio_c > 1 required); this turns it off
 
 
-def actor_settings(cfg) -> dict:
-    """verl config keys (under actor_rollout_ref.actor) that our Config decides; verl_main refuses `verl.` overrides
-    of them, so each setting has one place."""
+def actor_settings(cfg) -> dict[str, tuple[str, object]]:
+    """verl config keys under actor_rollout_ref.actor that our Config decides: {key: (our field, value)}.
+    verl_main refuses `verl.` overrides of them, so each setting has one place."""
     if cfg.loss not in VERL_LOSS_MODE:
         raise ValueError(f"loss={cfg.loss!r} has no verl counterpart; on verl use one of {', '.join(VERL_LOSS_MODE)}")
     return {
-        "policy_loss.loss_mode": VERL_LOSS_MODE[cfg.loss],
-        "clip_ratio_low": cfg.clip_low,
-        "clip_ratio_high": cfg.clip_high,
-        "clip_ratio_c": cfg.dual_clip if cfg.dual_clip is not None else NO_DUAL_CLIP,
-        "loss_agg_mode": cfg.loss_agg,
-        "use_kl_loss": cfg.kl_coef > 0,
-        "kl_loss_coef": cfg.kl_coef,
-        "kl_loss_type": "low_var_kl",  # verl's name for the k3 estimator (clamped to [-10, 10])
-        "entropy_coeff": cfg.entropy_coef,
-        "ppo_epochs": cfg.epochs,
-        "ppo_mini_batch_size": cfg.mini_batch_size,
-        "grad_clip": cfg.grad_clip,
-        "optim.lr": cfg.lr,
-        "optim.weight_decay": cfg.weight_decay,
+        "policy_loss.loss_mode": ("loss", VERL_LOSS_MODE[cfg.loss]),
+        "clip_ratio_low": ("clip_low", cfg.clip_low),
+        "clip_ratio_high": ("clip_high", cfg.clip_high),
+        "clip_ratio_c": ("dual_clip", cfg.dual_clip if cfg.dual_clip is not None else NO_DUAL_CLIP),
+        "loss_agg_mode": ("loss_agg", cfg.loss_agg),
+        "use_kl_loss": ("kl_coef", cfg.kl_coef > 0),
+        "kl_loss_coef": ("kl_coef", cfg.kl_coef),
+        "kl_loss_type": ("kl_coef", "low_var_kl"),  # verl's name for the k3 estimator (clamped to [-10, 10])
+        "entropy_coeff": ("entropy_coef", cfg.entropy_coef),
+        "ppo_epochs": ("epochs", cfg.epochs),
+        "ppo_mini_batch_size": ("mini_batch_size", cfg.mini_batch_size),
+        "grad_clip": ("grad_clip", cfg.grad_clip),
+        "optim.lr": ("lr", cfg.lr),
+        "optim.weight_decay": ("weight_decay", cfg.weight_decay),
     }
 
 

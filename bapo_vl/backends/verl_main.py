@@ -68,13 +68,7 @@ def derived_settings(cfg) -> dict[str, tuple[str, object]]:
     override of any of these is refused."""
     from bapo_vl.backends.verl_loss import actor_settings
 
-    actor = {f"actor_rollout_ref.actor.{k}": v for k, v in actor_settings(cfg).items()}
-    fields = {"policy_loss.loss_mode": "loss", "clip_ratio_low": "clip_low", "clip_ratio_high": "clip_high",
-              "clip_ratio_c": "dual_clip", "loss_agg_mode": "loss_agg", "use_kl_loss": "kl_coef",
-              "kl_loss_coef": "kl_coef", "kl_loss_type": "kl_coef", "entropy_coeff": "entropy_coef",
-              "ppo_epochs": "epochs", "ppo_mini_batch_size": "mini_batch_size", "grad_clip": "grad_clip",
-              "optim.lr": "lr", "optim.weight_decay": "weight_decay"}
-    out = {k: (fields[k.removeprefix("actor_rollout_ref.actor.")], v) for k, v in actor.items()}
+    out = {f"actor_rollout_ref.actor.{k}": v for k, v in actor_settings(cfg).items()}
     rollout = "actor_rollout_ref.rollout."
     out.update({
         "trainer.use_v1": ("(BAPO needs the legacy trainer)", False),
