@@ -53,11 +53,12 @@ def cmd_dashboard(args) -> int:
         print("bapo dashboard: --poll must be > 0 seconds", file=sys.stderr)
         return 2
     from bapo_vl.app.dashboard import launch  # gradio is imported only for this command
+    from bapo_vl.record import RecordVersionError
 
     try:
         launch(args.runs, host=args.host, port=args.port, password=password, user=args.user,
                poll_seconds=args.poll, block=True)
-    except FileNotFoundError as e:
+    except (FileNotFoundError, RecordVersionError) as e:  # RecordVersionError says how to upgrade the record
         print(f"bapo dashboard: {e}", file=sys.stderr)
         return 2
     return 0

@@ -24,6 +24,8 @@ import pandas as pd  # noqa: E402
 from gradio.components.plot import AltairPlotData  # noqa: E402
 
 from bapo_vl.app import data, views  # noqa: E402
+from bapo_vl.reader import Run  # noqa: E402
+from bapo_vl.record import X2  # noqa: E402
 
 POLL_SECONDS = 3.0
 LEDGER_ROWS = 200  # rows of the ledger table shown (the counts and curve cover all)
@@ -45,7 +47,7 @@ CSS = """
 """
 
 
-def _run(runs: dict[str, data.Run], label: str) -> data.Run:
+def _run(runs: dict[str, Run], label: str) -> Run:
     if label not in runs:  # the browser can only name runs given on the command line
         raise gr.Error(f"unknown run {label!r}")
     return runs[label]
@@ -65,7 +67,7 @@ def vega(spec: dict) -> AltairPlotData:
 # ----------------------------------------------------------------------------- tab renderers (pure of Gradio events)
 
 
-def render_overview(run: data.Run, window: int) -> list:
+def render_overview(run: Run, window: int) -> list:
     steps, evals = run.steps(), run.evals()
     return [views.overview_text(run.label, run.meta(), run.config(), steps, evals),
             vega(views.line_spec(views.reward_frame(steps, evals, window), "step", "reward", "series",
@@ -75,7 +77,7 @@ def render_overview(run: data.Run, window: int) -> list:
             vega(views.time_spec(steps, SPEC_HEIGHT))]
 
 
-def render_batch(run: data.Run) -> list:
+def render_batch(run: Run) -> list:
     steps = run.steps()
     G = run.group_size()
     return [views.batch_text(steps), vega(views.composition_spec(steps, SPEC_HEIGHT)),
@@ -86,7 +88,7 @@ def render_batch(run: data.Run) -> list:
                                  "Thresholds c1, c2, c3 and r_tot", SPEC_HEIGHT, y_domain=(0, 1)))]
 
 
-def render_ledger(run: data.Run, which: str) -> list:
+def render_ledger(run: Run, which: str) -> list:
     ledger, steps = run.ledger(), run.steps()
     G = run.group_size()
     table, total = views.ledger_table(ledger, which, LEDGER_ROWS)
@@ -104,19 +106,18 @@ def _step_range(steps: pd.DataFrame) -> tuple[int, int]:
     return lo, max(hi, lo + 1)
 
 
-def render_bins(run: data.Run, mode: str, step_a, step_b) -> list:
+def render_bins(run: Run, mode: str, step_a, step_b) -> list:
     steps = run.steps()
     G = run.group_size()
     lo, hi = _step_range(steps)
     valid_a, valid_b = bool(step_a) and lo <= step_a <= hi, bool(step_b) and lo <= step_b <= hi
     a = int(step_a) if valid_a else (lo + hi) // 2
     b = int(step_b) if valid_b else hi
+    hist_a, hist_b, m = run.migration(a, b, window=mode == MODE_WINDOW)
     if mode == MODE_AT:
-        hist_a, hist_b, m = data.bins_and_matrix_at(run, a, b)
         what_a, what_b = f"prompts generated for at step {a}", f"prompts generated for at step {b}"
         rows = f"generated for at both step {a} and step {b}"
     else:
-        hist_a, hist_b, m = data.bins_and_matrix_window(run, a, b, G)
         what_a, what_b = f"latest result of each prompt seen up to step {a}", f"… up to step {b}"
         rows = f"seen up to step {a} and generated for again in ({a}, {b}]"
     total = sum(map(sum, m)) if m else 0
@@ -134,13 +135,13 @@ def render_bins(run: data.Run, mode: str, step_a, step_b) -> list:
             views.matrix_style(views.matrix_frame(m, G))]
 
 
-def default_prompt(run: data.Run) -> str | None:
+def default_prompt(run: Run) -> str | None:
     """What the drill-down opens on: the latest sampled prompt that was promoted into X2 (it failed once and is
     now partly solved), else the latest sampled prompt. Cheap: it reads only the last steps' samples."""
-    return data.last_sampled(run, subset="x2") or data.last_sampled(run)
+    return data.last_sampled(run, subset=X2) or data.last_sampled(run)
 
 
-def render_prompt(run: data.Run, uid: str | None, query: str = "") -> list:
+def render_prompt(run: Run, uid: str | None, query: str = "") -> list:
     uid = uid or default_prompt(run)
     hits = data.search_prompts(run, query or "", SEARCH_RESULTS)
     choices = ([(uid, uid)] if uid else []) + [(f"{u} — {t[:70]}", u) for u, t in hits if u != uid]
@@ -163,11 +164,10 @@ def render_prompt(run: data.Run, uid: str | None, query: str = "") -> list:
 
 
 def history_plot(history: pd.DataFrame) -> AltairPlotData:
-    return vega(views.line_spec(views.history_frame(history), "step", "accuracy", "subset",
-                                "Accuracy (correct / G) per step", SPEC_HEIGHT, y_domain=(0, 1), points=True))
+    return vega(views.history_spec(history, SPEC_HEIGHT))
 
 
-def render_compare(runs: dict[str, data.Run], labels: list[str], metric: str, window: int) -> list:
+def render_compare(runs: dict[str, Run], labels: list[str], metric: str, window: int) -> list:
     chosen = {lab: (r.steps(), r.evals(), r.ledger()) for lab in labels or [] if (r := _run(runs, lab))}
     curves, solved, table = views.compare_frames(chosen, metric, window)
     return [vega(views.line_spec(curves, "step", "value", "run", f"{metric} vs steps", SPEC_HEIGHT, y_title=metric)),
@@ -181,7 +181,7 @@ def render_compare(runs: dict[str, data.Run], labels: list[str], metric: str, wi
 # ----------------------------------------------------------------------------- the page
 
 
-def build(runs: list[data.Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
+def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
     """The dashboard over `runs` (fixed here, never chosen by the browser)."""
     if not runs:
         raise ValueError("the dashboard needs at least one run directory")

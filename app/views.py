@@ -1,5 +1,5 @@
-"""Pure plot functions: data read from a run record (app/data.py) -> the long-format tables the plots draw and the
-text the tabs show. No Gradio and no SQL here, so each is testable on its own."""
+"""Pure plot functions: data read from a run record (bapo_vl.reader, app/data.py) -> the long-format tables the plots
+draw and the text the tabs show. No Gradio and no SQL here, so each is testable on its own."""
 from __future__ import annotations
 
 import math
@@ -7,24 +7,27 @@ import math
 import numpy as np
 import pandas as pd
 
+from bapo_vl.reader import ledger_counts, step_summary, summary
+from bapo_vl.record import FILTERED, GENERATED, NOT_PROMOTED, X1, X2, X3
+
 # series labels (the legend); kept here so code and tests use the same strings
 FRESH_REWARD = "fresh reward (train)"
 BATCH_REWARD = "batch reward (train)"
 EVAL_PREFIX = "eval "
-SUBSET_LABELS = {"x1": "X1 fresh", "x2": "X2 revisited", "x3": "X3 replayed"}
+# one label and one colour per subset (bapo_vl.record's vocabulary), the same in every tab
+SUBSET_LABELS = {X1: "X1 (fresh, kept)", FILTERED: "fresh, filtered out", X2: "X2 (re-evaluated, promoted)",
+                 NOT_PROMOTED: "re-evaluated, not promoted", X3: "X3 (replayed)"}
+SUBSET_COLORS = {X1: "#4c78a8", FILTERED: "#9ecae9", X2: "#f58518", NOT_PROMOTED: "#ffbf79", X3: "#54a24b"}
 B_LINE = "configured B"
 PHASES = {"t_generate": "generate", "t_score": "score", "t_train": "train", "t_sync": "sync"}
 BUFFERS = {"bad_size": "B_bad", "high_size": "B_high"}
 THRESHOLDS = {"c1": "c1", "c2": "c2", "c3": "c3", "r_tot": "r_tot"}
 HARD_SEEN = "first seen at 0/G (cumulative)"
 HARD_SOLVED = "later reached ≥ 1/G (cumulative)"
-ROLLOUT_KINDS = {"rollouts": "all", "rollouts_fresh": "fresh", "rollouts_reeval": "re-evaluation"}
-SUBSET_NAMES = {"fresh": "X1 (fresh, kept)", "filtered": "fresh, filtered out", "x2": "X2 (promoted)",
-                "reeval": "re-evaluated, not promoted", "x3": "X3 (replayed)"}
+ROLLOUT_KINDS = {"rollouts": "all", "rollouts_fresh": "fresh", "rollouts_reevaluated": "re-evaluation"}
 MAX_BARS = 125  # stacked bar charts show at most this many bars (means of consecutive steps beyond)
 MAX_POINTS = 250  # line charts show at most about this many points per series (means of consecutive steps beyond)
 MAX_TOOLTIPS = 300  # a line chart with more points than this has no per-point tooltips (each is an SVG mark)
-COLORS = {SUBSET_LABELS["x1"]: "#4c78a8", SUBSET_LABELS["x2"]: "#f58518", SUBSET_LABELS["x3"]: "#54a24b"}
 
 
 def long(df: pd.DataFrame, x: str, columns: dict[str, str], value: str, series: str) -> pd.DataFrame:
@@ -62,6 +65,10 @@ def nice_max(x: float) -> float:
     return 1.0 if not x or x <= 0 or not math.isfinite(x) else float(x) * 1.08
 
 
+def _round(x: float | None, digits: int) -> float | None:
+    return None if x is None else round(x, digits)
+
+
 def fmt(x, spec: str = "{}") -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else spec.format(x)
 
@@ -93,7 +100,7 @@ def overview_text(run_label: str, meta: dict, config: dict, steps: pd.DataFrame,
     if steps.empty:
         return f"**{run_label}** · status **{meta.get('status', '?')}** · no step recorded yet"
     last = steps.iloc[-1]
-    total_rollouts = int(steps["rollouts"].fillna(0).sum())
+    total_rollouts = step_summary(steps)["rollouts"]
     seconds = float(steps[list(PHASES)].fillna(0).to_numpy().sum())
     parts = [f"**{run_label}**", f"status **{meta.get('status', '?')}**",
              f"algo {config.get('algo', '?')}", f"task {config.get('task', '?')}",
@@ -201,8 +208,9 @@ def thin(df: pd.DataFrame, x: str, y: str, color: str | None, max_points: int = 
 
 def line_spec(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, height: int,
               x_title: str | None = None, y_title: str | None = None, y_domain=None, zero: bool = False,
-              points: bool = False, integer_x: bool = True) -> dict:
-    """Lines (one per `color` value, in order of first appearance), with a tooltip on every point."""
+              points: bool = False, integer_x: bool = True, colors: dict[str, str] | None = None) -> dict:
+    """Lines (one per `color` value, in order of first appearance), with a tooltip on every point; `colors` fixes
+    the colour of given values."""
     order = list(dict.fromkeys(df[color])) if color and not df.empty else []  # legend: order of appearance
     df = thin(df, x, y, color) if not points else df
     xs = {"field": x, "type": "quantitative", "title": x_title or x, "scale": {"zero": False, "nice": False}}
@@ -214,8 +222,9 @@ def line_spec(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, h
     enc = {"x": xs, "y": ys, "tooltip": [{"field": x, "type": "quantitative", "title": x_title or x},
                                          {"field": y, "type": "quantitative", "title": y_title or y, "format": ".4~g"}]}
     if color:
+        scale = {"domain": order, **({"range": [colors.get(o, "#888888") for o in order]} if colors else {})}
         enc["color"] = {"field": color, "type": "nominal", "title": None, "legend": {"orient": "bottom"},
-                        "scale": {"domain": order}}
+                        "scale": scale}
         enc["tooltip"].append({"field": color, "type": "nominal", "title": " "})
     data_ = {"values": _records(df, [c for c in (x, y, color) if c])}
     if points:
@@ -242,7 +251,8 @@ def bar_spec(df: pd.DataFrame, x: str, y: str, title: str, height: int, color: s
 
 def composition_spec(steps: pd.DataFrame, height: int = 200) -> dict:
     """|X1|, |X2|, |X3| per step, stacked in that order from the bottom, against the configured B (dashed)."""
-    return stacked_spec(steps, SUBSET_LABELS, [COLORS[v] for v in SUBSET_LABELS.values()],
+    batch = (X1, X2, X3)  # the step columns x1, x2, x3 count the groups of the subsets of those names
+    return stacked_spec(steps, {s: SUBSET_LABELS[s] for s in batch}, [SUBSET_COLORS[s] for s in batch],
                         "Batch composition: |X1| + |X2| + |X3| against the configured B", "groups", height,
                         line=("batch_size", B_LINE))
 
@@ -286,13 +296,13 @@ def thresholds_frame(steps: pd.DataFrame) -> pd.DataFrame:
 def batch_text(steps: pd.DataFrame) -> str:
     if steps.empty:
         return "no step recorded yet"
-    r = steps.iloc[-1]
+    r, s = steps.iloc[-1], step_summary(steps)
     n = lambda k: fmt(None if pd.isna(r[k]) else int(r[k]))
     return (f"step <b id='batch-step'>{int(r['step'])}</b>: |X1| = <b id='batch-x1'>{n('x1')}</b>, "
             f"|X2| = <b id='batch-x2'>{n('x2')}</b>, |X3| = <b id='batch-x3'>{n('x3')}</b> of "
             f"B = <b id='batch-b'>{n('batch_size')}</b> · |B_bad| = {n('bad_size')}, |B_high| = {n('high_size')} · "
             f"c2 = {fmt(r['c2'], '{:.3f}')}, c3 = {fmt(r['c3'], '{:.3f}')} · "
-            f"steps with X2: {int((steps['x2'].fillna(0) > 0).sum())}, with X3: {int((steps['x3'].fillna(0) > 0).sum())}")
+            f"steps with X2: {s['steps_with_x2']}, with X3: {s['steps_with_x3']}")
 
 
 # ----------------------------------------------------------------------------- Hard-problem ledger
@@ -308,12 +318,6 @@ def ledger_curve(ledger: pd.DataFrame, steps: pd.Series) -> pd.DataFrame:
     solved = solved.reindex(idx, fill_value=0).cumsum()
     wide = pd.DataFrame({"step": idx, "seen": seen.to_numpy(), "solved": solved.to_numpy()})
     return long(wide, "step", {"seen": HARD_SEEN, "solved": HARD_SOLVED}, "prompts", "series")
-
-
-def ledger_counts(ledger: pd.DataFrame) -> tuple[int, int, float]:
-    n = len(ledger)
-    k = int(ledger["first_solved"].notna().sum())
-    return n, k, (k / n if n else 0.0)
 
 
 def ledger_text(ledger: pd.DataFrame, G: int) -> str:
@@ -386,17 +390,23 @@ def matrix_style(df: pd.DataFrame):
 
 
 def history_frame(history: pd.DataFrame) -> pd.DataFrame:
-    """(step, accuracy, subset): correct/G of each group of this prompt, per subset."""
+    """(step, accuracy, subset): correct/G of each group of this prompt, per subset (its label)."""
     if history.empty:
         return pd.DataFrame(columns=["step", "accuracy", "subset"])
     return pd.DataFrame({"step": history["step"], "accuracy": history["correct"] / history["G"].clip(lower=1),
-                         "subset": history["subset"].map(lambda s: SUBSET_NAMES.get(s, s))})
+                         "subset": history["subset"].map(lambda s: SUBSET_LABELS.get(s, s))})
+
+
+def history_spec(history: pd.DataFrame, height: int) -> dict:
+    """A prompt's accuracy per step, a point per group, coloured by subset as in every tab."""
+    return line_spec(history_frame(history), "step", "accuracy", "subset", "Accuracy (correct / G) per step", height,
+                     y_domain=(0, 1), points=True, colors={SUBSET_LABELS[s]: c for s, c in SUBSET_COLORS.items()})
 
 
 def history_table(history: pd.DataFrame) -> pd.DataFrame:
     if history.empty:
         return pd.DataFrame(columns=["step", "subset", "correct"])
-    return pd.DataFrame({"step": history["step"], "subset": history["subset"].map(lambda s: SUBSET_NAMES.get(s, s)),
+    return pd.DataFrame({"step": history["step"], "subset": history["subset"].map(lambda s: SUBSET_LABELS.get(s, s)),
                          "correct": history["correct"].astype(str) + "/" + history["G"].astype(str)})
 
 
@@ -405,9 +415,9 @@ def prompt_text(detail: dict) -> str:
         return f"no prompt with uid `{detail['uid']}` in this run"
     text = detail["text"] if detail["text"] is not None else "(text not recorded)"
     h = detail["history"]
-    gen = h[h["subset"] != "x3"]
+    gen = h[h["subset"].isin(GENERATED)]
     seen = (f"generated for at {gen['step'].nunique()} step(s), replayed (X3) at "
-            f"{int((h['subset'] == 'x3').sum())}") if not h.empty else "never seen in training yet"
+            f"{int((h['subset'] == X3).sum())}") if not h.empty else "never seen in training yet"
     return (f"**uid** `{detail['uid']}` · {seen}\n\n```text\n{text}\n```\n\n**answer** `{detail['answer']}`")
 
 
@@ -439,12 +449,12 @@ def compare_frames(runs: dict[str, tuple], metric: str, window: int = 1):
         curve = ledger_curve(ledger, steps["step"])
         curve = curve[curve["series"] == HARD_SOLVED].assign(run=label)
         solved.append(curve[["step", "prompts", "run"]])
-        n, k, frac = ledger_counts(ledger)
-        k0 = max(1, math.ceil(0.2 * len(steps)))
-        rows.append({"run": label, "steps": int(steps["step"].iloc[-1]), "rollouts": int(cum.iloc[-1]),
-                     "fresh reward, first 20 %": round(float(steps["fresh_reward"].head(k0).mean()), 4),
-                     "fresh reward, last 20 %": round(float(steps["fresh_reward"].tail(k0).mean()), 4),
-                     "hard (0/G at first)": n, "later solved": k, "solved %": round(100 * frac, 1)})
+        s = summary(steps, ledger)
+        rows.append({"run": label, "steps": s["last_step"], "rollouts": s["rollouts"],
+                     "fresh reward, first 20 %": _round(s["fresh_reward_first"], 4),
+                     "fresh reward, last 20 %": _round(s["fresh_reward_last"], 4),
+                     "hard (0/G at first)": s["first_unsolved"], "later solved": s["later_solved"],
+                     "solved %": round(100 * s["later_solved_fraction"], 1)})
     cat = lambda xs, cols: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame(columns=cols)
     return cat(curves, ["step", "value", "rollouts", "run"]), cat(solved, ["step", "prompts", "run"]), pd.DataFrame(rows)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from bapo_vl.problem import Problem
+from bapo_vl.registry import Registry
 
 
 @dataclass
@@ -36,7 +37,7 @@ class Group:
     samples: list[Sample]
     step: int
     version: int
-    source: str = "fresh"  # fresh (X1) | x2 | x3
+    source: str = "fresh"  # why it was generated: fresh (by alpha) | reevaluated (X2 candidates, by pi_theta)
     prompt: Any = None  # the backend's encoding of the prompt (token ids, pixel values); opaque here
 
     @property
@@ -113,11 +114,12 @@ class HighBuffer:
 
 @dataclass
 class Thresholds:
-    """c1 is fixed; c2, c3 move linearly with r_tot, the running average of all fresh rewards (eq. 8)."""
+    """c1 is fixed; c2, c3 move linearly with r_tot, the running average of all fresh rewards (eq. 8).
+    c1 and the [low, high] ranges of c2, c3 have no defaults here: they are declared once, in Config."""
 
-    c1: float = 1 / 8
-    c2_range: tuple = (1 / 8, 4 / 8)
-    c3_range: tuple = (2 / 8, 5 / 8)
+    c1: float
+    c2_range: tuple
+    c3_range: tuple
     reward_sum: float = 0.0
     reward_count: int = 0
 
@@ -143,20 +145,8 @@ class Thresholds:
 # --- X1: online filters (Appendix A.3) ---------------------------------------------------------------------
 
 OnlineFilter = Callable[[list[Group], Any, random.Random], list[Group]]
-ONLINE_FILTERS: dict[str, OnlineFilter] = {}
-
-
-def register_filter(name: str):
-    def wrap(fn):
-        ONLINE_FILTERS[name] = fn
-        return fn
-    return wrap
-
-
-def get_filter(name: str) -> OnlineFilter:
-    if name not in ONLINE_FILTERS:
-        raise KeyError(f"unknown online filter {name!r}; known: {', '.join(ONLINE_FILTERS)}")
-    return ONLINE_FILTERS[name]
+ONLINE_FILTERS: Registry[OnlineFilter] = Registry("online filter")
+register_filter, get_filter = ONLINE_FILTERS.register, ONLINE_FILTERS.lookup
 
 
 @register_filter("range")
@@ -187,11 +177,27 @@ def keep_all(groups, cfg, rng):
 # --- X2 and X3 -----------------------------------------------------------------------------------------------
 
 
-def is_promoted(new: Group, old: Group, c1: float, rule: str) -> bool:
-    """X2 rule (eq. 6): c1 < mu_new < 1; [code]'s rule: mu_new > mu_old."""
-    if rule == "improved":
-        return new.mu > old.mu
+# X2 promotion rules (Config.promote): is the re-generated group `new` good enough to train on, given `old`?
+PromoteRule = Callable[[Group, Group, float], bool]
+PROMOTE_RULES: Registry[PromoteRule] = Registry("promote rule")
+register_promote, get_promote = PROMOTE_RULES.register, PROMOTE_RULES.lookup
+
+
+@register_promote("threshold")
+def promote_threshold(new, old, c1):
+    """eq. 6: c1 < mu_new < 1 (partly solved now; all-correct groups have zero advantage)."""
     return c1 < new.mu < 1
+
+
+@register_promote("improved")
+def promote_improved(new, old, c1):
+    """[code]'s rule: mu_new > mu_old."""
+    return new.mu > old.mu
+
+
+def is_promoted(new: Group, old: Group, c1: float, rule: str) -> bool:
+    """X2: whether `new` leaves B_bad, by the registered rule `rule` (threshold | improved | ...)."""
+    return get_promote(rule)(new, old, c1)
 
 
 def sample_replay(high: HighBuffer, room: int, c2: float, c3: float, exclude: set, rng: random.Random) -> list[Group]:

@@ -1,4 +1,4 @@
-"""The `bapo` command line: bapo train | bapo runs [show RUN] | bapo tasks | bapo eval MODEL."""
+"""The `bapo` command line: bapo train | bapo runs [show RUN | upgrade RUN] | bapo tasks | bapo eval MODEL."""
 from __future__ import annotations
 
 import argparse
@@ -12,7 +12,15 @@ def cmd_train(args) -> int:
     from bapo_vl.config import load_config
     from bapo_vl.train import train
 
-    cfg = load_config(args.preset, args.config, args.overrides)
+    resume = [o.partition("=")[2] for o in args.overrides if o.partition("=")[0].strip() == "resume"]
+    if resume:  # a resumed run takes its recorded config; presets and files would silently change it
+        if args.preset or args.config:
+            raise ValueError("resume=RUN_DIR continues with the run's recorded config: drop --preset/--config")
+        from bapo_vl.train import resume_config
+
+        cfg = resume_config(resume[-1], [o for o in args.overrides if o.partition("=")[0].strip() != "resume"])
+    else:
+        cfg = load_config(args.preset, args.config, args.overrides)
     cfg.tasks_dirs = [*cfg.tasks_dirs, *_tasks_dirs(args)]  # --tasks-dir
     run_dir = train(cfg, quiet=args.quiet)
     print(f"run record: {run_dir / 'run.db'}\nfinal policy: {run_dir / 'final'}\n"
@@ -20,13 +28,30 @@ def cmd_train(args) -> int:
     return 0
 
 
-def cmd_runs(args) -> int:
-    from bapo_vl.runs_cli import cmd_runs_list, cmd_runs_show
+class ConfigHelp(argparse.Action):
+    """`bapo train -h`: the usual help, then every Config field with its default and doc (config.config_help).
+    Built only when asked: bapo_vl.config imports torch, which the other commands need not wait for."""
 
-    if args.action == "show":
+    def __init__(self, option_strings, dest, help=None):
+        super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from bapo_vl.config import config_help
+
+        parser.epilog = config_help()
+        parser.print_help()
+        parser.exit()
+
+
+def cmd_runs(args) -> int:
+    from bapo_vl.runs_cli import cmd_runs_list, cmd_runs_show, cmd_runs_upgrade
+
+    if args.action in ("show", "upgrade"):
         if not args.run:
-            print("bapo runs show RUN: name a run (a directory or a name under --root)", file=sys.stderr)
+            print(f"bapo runs {args.action} RUN: name a run (a directory or a name under --root)", file=sys.stderr)
             return 2
+        if args.action == "upgrade":
+            return cmd_runs_upgrade(args.run, root=args.root)
         return cmd_runs_show(args.run, root=args.root, as_json=args.json)
     return cmd_runs_list(args.root)
 
@@ -74,7 +99,9 @@ def main(argv=None) -> int:
     parser.add_argument("--tasks-dir", dest="tasks_dirs", action="append", default=[], metavar="DIR",
                         help="an extra folder of task plugins (repeatable; train adds it to tasks_dirs)")
     sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="train a policy (default: the tiny countdown preset on CPU)")
+    p = sub.add_parser("train", help="train a policy (default: the tiny countdown preset on CPU)", add_help=False,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("-h", "--help", action=ConfigHelp, help="show this help and every config field, then exit")
     p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. algo=grpo steps=50")
     p.add_argument("--preset", default=None, help="tiny (default) | countdown | math | geometry3k")
     p.add_argument("--config", default=None, help="a YAML file of config fields")
@@ -82,8 +109,8 @@ def main(argv=None) -> int:
     p.add_argument("--tasks-dir", dest="sub_tasks_dirs", action="append", default=[], metavar="DIR",
                    help="an extra folder of task plugins (repeatable), added to tasks_dirs")
     p.set_defaults(fn=cmd_train)
-    p = sub.add_parser("runs", help="list runs, or show one")
-    p.add_argument("action", nargs="?", choices=["list", "show"], default="list")
+    p = sub.add_parser("runs", help="list runs, show one, or upgrade an old run record in place")
+    p.add_argument("action", nargs="?", choices=["list", "show", "upgrade"], default="list")
     p.add_argument("run", nargs="?")
     p.add_argument("--root", default="runs")
     p.add_argument("--json", action="store_true", help="print the run as one JSON object (stable interface)")

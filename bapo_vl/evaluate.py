@@ -11,8 +11,9 @@ Per evaluation set (a split of the task, by default its EVAL_SPLITS):
     correct / wrong / unparsable / timeout   verdict counts over all samples (verifier health)
 and the average over the sets (each set weighs the same; verdict counts are summed).
 
-Generation goes through the embedded backend, as in training (chat template, images via Problem.images), with
-one model copy (delay=1, kl_coef=0). It samples at `temperature`; temperature 0 is greedy decoding (k must be 1).
+Generation goes through the backend contract (bapo_vl/backends/base.py) of the embedded backend, as in training
+(chat template, images via Problem.images), with one model copy (delay=1, kl_coef=0) and no log-probs. It samples
+at `temperature`; temperature 0 is greedy decoding (k must be 1).
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bapo_vl.backends.base import Backend
 from bapo_vl.config import Config
 from bapo_vl.plugins import Task, accepts, get_task
 from bapo_vl.problem import Problem, Verdict
@@ -118,11 +120,11 @@ def average(sets: dict[str, dict]) -> dict:
 
 
 def resolve_policy(model: str, checkpoint: int | None = None) -> tuple[str, Path | None, dict, Path | None]:
-    """(what from_pretrained loads, checkpoint state file or None, the run's config or {}, the run dir or None).
+    """(what from_pretrained loads, checkpoint folder or None, the run's config or {}, the run dir or None).
     A run directory gives its final/ policy, or with `checkpoint` its checkpoints/step_N weights on top of the
     run's base model; RUN/checkpoints/step_N names a checkpoint directly."""
     path = Path(model)
-    if (path / "state.pt").is_file() and path.parent.name == "checkpoints" and path.name.startswith("step_"):
+    if path.parent.name == "checkpoints" and path.name.removeprefix("step_").isdigit() and path.is_dir():
         path, checkpoint = path.parent.parent, int(path.name.removeprefix("step_"))
     is_run = (path / DB_NAME).is_file() or (path / "final").is_dir() or (path / "checkpoints").is_dir()
     if not is_run:
@@ -136,12 +138,12 @@ def resolve_policy(model: str, checkpoint: int | None = None) -> tuple[str, Path
             raise FileNotFoundError(f"{path} has no final/ policy (did the run finish?); evaluate a checkpoint "
                                     f"instead with --checkpoint N ({_checkpoints(path)})")
         return str(path / "final"), None, config, path
-    state = path / "checkpoints" / f"step_{checkpoint}" / "state.pt"
-    if not state.is_file():
-        raise FileNotFoundError(f"no checkpoint {state} ({_checkpoints(path)})")
+    folder = path / "checkpoints" / f"step_{checkpoint}"
+    if not folder.is_dir():
+        raise FileNotFoundError(f"no checkpoint {folder} ({_checkpoints(path)})")
     if "model" not in config:
-        raise FileNotFoundError(f"{path}: the run record holds no config, so the base model of {state} is unknown")
-    return config["model"], state, config, path
+        raise FileNotFoundError(f"{path}: the run record holds no config, so the base model of {folder} is unknown")
+    return config["model"], folder, config, path
 
 
 def _checkpoints(run_dir: Path) -> str:
@@ -150,29 +152,25 @@ def _checkpoints(run_dir: Path) -> str:
     return f"checkpoints: {', '.join(map(str, steps))}" if steps else "the run has no checkpoints"
 
 
-def load_backend(opts: EvalOptions, model: str, state_file: Path | None, run_config: dict):
-    """The embedded backend holding one copy of the policy, set to sample as `opts` says."""
-    import torch
-    from transformers import GenerationConfig
-
-    from bapo_vl.backends.embedded import EmbeddedBackend
-
+def eval_config(opts: EvalOptions, model: str, run_config: dict) -> Config:
+    """The backend's config: one model copy, the run's lengths and image sizes unless given."""
     fields = {k: run_config[k] for k in INHERITED if k in run_config}
     fields.update(model=model, device=opts.device, seed=opts.seed, delay=1, kl_coef=0.0,
-                  temperature=opts.temperature or 1.0)  # greedy: the backend scores at T=1 (unused here)
+                  temperature=opts.temperature or 1.0)  # greedy decoding ignores the temperature
     if opts.max_new_tokens is not None:
         fields["max_response_length"] = opts.max_new_tokens
     if opts.batch_size is not None:
         fields["generate_batch_size"] = opts.batch_size
-    backend = EmbeddedBackend(Config(**fields))
-    if state_file is not None:
-        state = torch.load(state_file, map_location="cpu", weights_only=False)
-        backend.policy.load_state_dict(state["backend"]["policy"])
-    if opts.temperature == 0:
-        backend.sampling = GenerationConfig(
-            do_sample=False, max_new_tokens=backend.cfg.max_response_length, pad_token_id=backend.pad_id,
-            eos_token_id=sorted(backend.eos_ids), suppress_tokens=backend.suppress)
-        backend.policy.generation_config = backend.sampling  # generate() fills unset fields from the model's
+    return Config(**fields)
+
+
+def load_backend(cfg: Config, checkpoint: Path | None) -> Backend:
+    """The embedded backend holding one copy of the policy (a checkpoint's weights when given)."""
+    from bapo_vl.backends.embedded import EmbeddedBackend
+
+    backend = EmbeddedBackend(cfg)
+    if checkpoint is not None:
+        backend.load_policy(checkpoint)
     return backend
 
 
@@ -200,12 +198,12 @@ def _progress(quiet: bool):
                     TimeElapsedColumn(), console=Console(stderr=True), disable=quiet)
 
 
-def evaluate(backend, task: Task, sets: dict[str, list[Problem]], k: int, quiet: bool = False) -> dict[str, dict]:
-    """Sample k responses per problem, verify them, and return the metrics of each set, plus
-    "problems": {uid: correct count} and "seconds"."""
+def evaluate(backend: Backend, task: Task, sets: dict[str, list[Problem]], k: int, quiet: bool = False,
+             greedy: bool = False, per_call: int = 32) -> dict[str, dict]:
+    """Sample k responses per problem (`per_call` problems per generate call), verify them, and return the
+    metrics of each set, plus "problems": {uid: correct count} and "seconds"."""
     from bapo_vl.trainer import verify_all
 
-    per_call = max(1, backend.cfg.generate_batch_size // k)  # problems per generate call
     results = {}
     with _progress(quiet) as progress:
         for split, problems in sets.items():
@@ -213,8 +211,9 @@ def evaluate(backend, task: Task, sets: dict[str, list[Problem]], k: int, quiet:
             t0, correct, verdicts = time.perf_counter(), [], Counter()
             for i in range(0, len(problems), per_call):
                 chunk = problems[i:i + per_call]
-                outputs = backend.generate([backend.encode(p) for p in chunk], k, policy="current")
-                flat = verify_all(task, [backend.decode(tokens) for responses in outputs for tokens, _ in responses],
+                outputs = backend.generate([backend.encode(p) for p in chunk], k, policy="current", greedy=greedy,
+                                           logprobs=False)
+                flat = verify_all(task, [backend.decode(r.tokens) for responses in outputs for r in responses],
                                   [p.answer for p, responses in zip(chunk, outputs) for _ in responses])
                 verdicts.update(v.value for v in flat)
                 start = 0
@@ -253,7 +252,7 @@ def log_to_run(run_dir, task_name: str, result: dict, step: int | None = None) -
 def run_eval(opts: EvalOptions) -> dict:
     """The whole of `bapo eval` but the printing: returns the result as one JSON-able object."""
     t0 = time.perf_counter()
-    model, state_file, run_config, run_dir = resolve_policy(opts.model, opts.checkpoint)
+    model, checkpoint_dir, run_config, run_dir = resolve_policy(opts.model, opts.checkpoint)
     task_name = opts.task or run_config.get("task")
     if not task_name:
         raise ValueError(f"{opts.model} is not a run directory: name the task with --task")
@@ -264,14 +263,16 @@ def run_eval(opts: EvalOptions) -> dict:
     template = opts.template or (run_config.get("task_options") or {}).get("template")
     options = {**opts.options, **{k: v for k, v in (("source", opts.source), ("template", template)) if v is not None}}
     sets = load_sets(task, splits, options, opts.limit)
-    backend = load_backend(opts, model, state_file, run_config)
-    per_set = evaluate(backend, task, sets, opts.k, quiet=opts.quiet)
-    checkpoint = int(state_file.parent.name.removeprefix("step_")) if state_file is not None else None
+    cfg = eval_config(opts, model, run_config)
+    backend = load_backend(cfg, checkpoint_dir)
+    per_set = evaluate(backend, task, sets, opts.k, quiet=opts.quiet, greedy=opts.temperature == 0,
+                       per_call=max(1, cfg.generate_batch_size // opts.k))
+    checkpoint = int(checkpoint_dir.name.removeprefix("step_")) if checkpoint_dir is not None else None
     result = {
-        "model": opts.model, "policy": model if state_file is None else str(state_file), "checkpoint": checkpoint,
+        "model": opts.model, "policy": model if checkpoint_dir is None else str(checkpoint_dir), "checkpoint": checkpoint,
         "task": task.name, "task_origin": task.origin, "verifier_version": task.version, "splits": list(sets),
         "options": options,
-        "k": opts.k, "temperature": opts.temperature, "max_new_tokens": backend.cfg.max_response_length,
+        "k": opts.k, "temperature": opts.temperature, "max_new_tokens": cfg.max_response_length,
         "seed": opts.seed, "sets": per_set, "average": average(per_set),
         "run": None, "step": None, "seconds": None,
     }

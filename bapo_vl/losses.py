@@ -18,6 +18,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
+from bapo_vl.registry import Registry
+
 LOG_RATIO_CLAMP = 20.0  # |log ρ| and |log(π_ref/π)| are clamped to this before exp, for stability
 
 
@@ -138,30 +140,15 @@ class LossConfig:
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, dict[str, float]]]
 """(logp (B,T), old_logp (B,T), adv (B,T), mask (B,T), cfg) -> (per-token loss (B,T), metrics of python floats)"""
 
-POLICY_LOSSES: dict[str, PolicyLossFn] = {}
-
-
-def register_policy_loss(name: str) -> Callable[[PolicyLossFn], PolicyLossFn]:
-    """Decorator registering a policy loss under `name`."""
-
-    def decorator(fn: PolicyLossFn) -> PolicyLossFn:
-        if name in POLICY_LOSSES and POLICY_LOSSES[name] is not fn:
-            raise ValueError(f"policy loss {name!r} is already registered ({POLICY_LOSSES[name].__qualname__})")
-        POLICY_LOSSES[name] = fn
-        return fn
-
-    return decorator
+POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
+register_policy_loss = POLICY_LOSSES.register
+"""Decorator registering a policy loss under a name."""
+get_policy_loss = POLICY_LOSSES.lookup
+"""The registered policy loss `name`; an unknown name raises UnknownName (a ValueError) listing the known ones."""
 
 
 def policy_loss_names() -> list[str]:
     return sorted(POLICY_LOSSES)
-
-
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """The registered policy loss `name`; an unknown name raises ValueError listing the known ones."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; known: {', '.join(policy_loss_names())}")
-    return POLICY_LOSSES[name]
 
 
 def _masked_mean(x: Tensor, mask: Tensor) -> Tensor:

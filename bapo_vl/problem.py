@@ -15,6 +15,11 @@ class Verdict(str, enum.Enum):
     UNPARSABLE = "unparsable"
     TIMEOUT = "timeout"
 
+    @classmethod
+    def of(cls, value) -> "Verdict":
+        """A verdict from what a verifier returned: a Verdict, or its value ("correct", ...)."""
+        return value if isinstance(value, cls) else cls(value)
+
     @property
     def reward(self) -> float:
         return 1.0 if self is Verdict.CORRECT else 0.0

@@ -1,7 +1,8 @@
-"""`bapo runs list` and `bapo runs show`: read run records (bapo_vl.record) and print them.
+"""`bapo runs list`, `bapo runs show` and `bapo runs upgrade`: read run records (bapo_vl.reader) and print them.
 
 Argument parsing lives in bapo_vl/cli.py; these functions take plain values and return an exit code.
-They only read (read-only SQLite connections), so they are safe to run while a run is training.
+list and show only read (read-only SQLite connections), so they are safe to run while a run is training;
+upgrade rewrites an old record in place (bapo_vl.record.upgrade).
 """
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import json
 import sys
 from pathlib import Path
 
-from bapo_vl.record import DB_NAME, query_ro, find_runs, read_meta, read_run
+from bapo_vl.reader import read_run
+from bapo_vl.record import DB_NAME, SCHEMA_VERSION, find_runs, query_ro, read_meta, upgrade
 
 # per-step columns shown by `runs show` (header, key, format)
 SHOW_COLUMNS = [
@@ -50,6 +52,9 @@ def _print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
 def _brief(run_dir: Path) -> list[str]:
     """name, status, steps, last fresh reward, created: cheap, without reading every step."""
     meta = read_meta(run_dir)
+    if int(meta.get("schema_version", 0)) < SCHEMA_VERSION:  # listed, but its steps are read after an upgrade
+        return [meta.get("name", run_dir.name), f"old record: bapo runs upgrade {run_dir}", "-", "-",
+                meta.get("created_at", "")[:19].replace("T", " ")]
     n, last = query_ro(run_dir, "SELECT COUNT(*), MAX(step) FROM steps")[0]
     reward = query_ro(run_dir, "SELECT fresh_reward FROM steps WHERE step = ?", (last,))
     return [meta.get("name", run_dir.name), meta.get("status", "?"), str(n),
@@ -79,24 +84,29 @@ def resolve_run(run: str, root: str = "runs") -> Path | None:
     return None
 
 
+def _not_found(run: str, root: str) -> int:
+    print(f"no run '{run}': not a run directory, nor a run under {root}/ (see `bapo runs list`)", file=sys.stderr)
+    return 2
+
+
 def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
     """Show one run: its config and a per-step table, or with as_json=True one JSON object on stdout.
 
     The JSON object is read_run(run_dir), a stable interface:
       run_dir  path of the run directory
-      meta     {schema_version, created_at, name, status, backend, bapo_vl_version, [finished_at, resumed_at]}
+      meta     {schema_version, created_at, name, status, backend, bapo_vl_version,
+                [finished_at, resumed_at, upgraded_at, verifier_version, verifier_versions]}
       config   the full config as logged at creation
       steps    [{step, time, bins, x1, x2, x3, batch_size, bad_size, high_size, c2, c3, r_tot, rollouts,
                  fresh_reward, reward, loss, kl, entropy, clip_frac, t_generate, t_score, t_train, t_sync,
                  ...any other metric the trainer logged}, ...] in step order; absent metrics are absent keys
       summary  {n_steps, last_step, rollouts, fresh_reward_first, fresh_reward_last, steps_with_x2,
                 steps_with_x3, first_unsolved, later_solved, later_solved_fraction}
-    Returns 0, or 2 when the run is not found."""
+    Returns 0, or 2 when the run is not found. A record of another schema version raises RecordVersionError, a
+    ValueError whose message says how to upgrade it (bapo's main prints it)."""
     run_dir = resolve_run(run, root)
     if run_dir is None:
-        print(f"no run '{run}': not a run directory, nor a run under {root}/ (see `bapo runs list`)",
-              file=sys.stderr)
-        return 2
+        return _not_found(run, root)
     rec = read_run(run_dir)
     if as_json:
         print(json.dumps(rec, allow_nan=False))
@@ -109,4 +119,18 @@ def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
                  [[_fmt(s.get(k), f) for _, k, f in SHOW_COLUMNS] for s in rec["steps"]])
     print("summary:", ", ".join(f"{k}={_fmt(v, '{:.3f}' if isinstance(v, float) else '{}')}"
                                 for k, v in summary.items()))
+    return 0
+
+
+def cmd_runs_upgrade(run: str, root: str = "runs") -> int:
+    """Upgrade an old run record in place to this bapo-vl's schema (bapo_vl.record.upgrade); a current one is
+    left alone. Returns 0, or 2 when the run is not found; a record newer than this bapo-vl raises
+    RecordVersionError (a ValueError: bapo's main prints it)."""
+    run_dir = resolve_run(run, root)
+    if run_dir is None:
+        return _not_found(run, root)
+    old = read_meta(run_dir).get("schema_version")
+    changed = upgrade(run_dir)
+    print(f"{run_dir}: upgraded from schema version {old} to {SCHEMA_VERSION}" if changed
+          else f"{run_dir}: already schema version {SCHEMA_VERSION}, nothing to do")
     return 0

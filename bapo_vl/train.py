@@ -1,7 +1,12 @@
 """`bapo train`: load the task and the backend, run the steps, write the run record and checkpoints."""
 from __future__ import annotations
 
+import dataclasses
+import fcntl
+import json
 import logging
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -9,10 +14,13 @@ import torch
 
 from bapo_vl.config import Config
 from bapo_vl.plugins import get_task
-from bapo_vl.record import RunRecord, make_sinks
+from bapo_vl.record import FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, make_sinks, query_ro
 from bapo_vl.trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
+STATE = "state.pt"  # the trainer's part of a checkpoint folder (the backend writes its own files beside it)
+# What a resumed run may change; everything else must be as recorded, or it would not be the same run.
+RESUME_MAY_CHANGE = {"resume", "steps", "save_every", "log_samples", "report_to", "device", "run_dir"}
 
 
 def make_backend(cfg: Config):
@@ -22,16 +30,15 @@ def make_backend(cfg: Config):
 
 
 def record_rows(result: StepResult, log_samples: int):
-    """Per-prompt rows (uid, correct, G, subset) and a few sampled responses, for the run record."""
+    """Per-prompt rows (uid, correct, G, subset) and a few sampled responses, in the record's subset vocabulary."""
     kept = {g.uid for g in result.x1}
     promoted = {g.uid for g in result.x2}
-    rows = [(g.uid, g.correct, len(g.samples), "fresh" if g.uid in kept else "filtered") for g in result.fresh]
-    rows += [(g.uid, g.correct, len(g.samples), "x2" if g.uid in promoted else "reeval") for g in result.reevaluated]
-    rows += [(g.uid, g.correct, len(g.samples), "x3") for g in result.x3]
-    samples = [(g.uid, "fresh", j, s.text, s.reward, s.verdict)
-               for g in result.fresh[:log_samples] for j, s in enumerate(g.samples)]
-    samples += [(g.uid, "x2", j, s.text, s.reward, s.verdict) for g in result.x2[:log_samples]
-                for j, s in enumerate(g.samples)]
+    tagged = [(g, X1 if g.uid in kept else FILTERED) for g in result.fresh]
+    tagged += [(g, X2 if g.uid in promoted else NOT_PROMOTED) for g in result.reevaluated]
+    tagged += [(g, X3) for g in result.x3]
+    rows = [(g.uid, g.correct, len(g.samples), subset) for g, subset in tagged]
+    sampled = tagged[:log_samples] + [(g, X2) for g in result.x2[:log_samples]]
+    samples = [(g.uid, subset, j, s.text, s.reward, s.verdict) for g, subset in sampled for j, s in enumerate(g.samples)]
     return rows, samples
 
 
@@ -42,48 +49,127 @@ def _progress(total: int):
                     TextColumn("{task.fields[info]}"))
 
 
-def save_checkpoint(trainer: Trainer, run_dir: Path, step: int):
-    """BAPO state (buffers, thresholds, data position, backend bookkeeping) in state.pt, plus whatever the
-    backend keeps in its own format (verl: actor and optimizer checkpoints)."""
-    path = run_dir / "checkpoints" / f"step_{step}"
-    path.mkdir(parents=True, exist_ok=True)
-    trainer.backend.save_checkpoint(path, step)
-    torch.save(trainer.state_dict(), path / "state.pt")
-    (run_dir / "checkpoints" / "latest").write_text(str(step))
+def checkpoint_steps(run_dir: Path) -> list[int]:
+    """Steps with a complete checkpoint folder (folders appear whole: see save_checkpoint), oldest first."""
+    names = [p.name.removeprefix("step_") for p in (run_dir / "checkpoints").glob("step_*") if p.is_dir()]
+    return sorted(int(n) for n in names if n.isdigit())
+
+
+def save_checkpoint(trainer: Trainer, run_dir: Path, step: int) -> Path:
+    """The backend's weights/optimizer/random state and the trainer's BAPO state (buffers, thresholds, data
+    position, versions) in checkpoints/step_N. Written into a hidden folder, synced to disk, then renamed: a
+    crash at any point leaves either the whole checkpoint or none."""
+    root = run_dir / "checkpoints"
+    path, tmp = root / f"step_{step}", root / f".step_{step}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    trainer.backend.save_checkpoint(tmp, step)
+    torch.save(trainer.state_dict(), tmp / STATE)
+    for f in tmp.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    if path.exists():  # a step trained again after a resume from an earlier checkpoint
+        shutil.rmtree(path)
+    os.replace(tmp, path)
     return path
 
 
+def lock_run_dir(run_dir: Path):
+    """An exclusive lock on run_dir/.lock for the life of the returned file: one trainer per run directory.
+    The kernel drops it when the process dies, however it dies."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fh = open(run_dir / ".lock", "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "?"
+        fh.close()
+        raise RunLockedError(f"{run_dir} is being written by another trainer (pid {holder}); wait for it to "
+                             f"finish, or train into another directory") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(str(os.getpid()))
+    fh.flush()
+    return fh
+
+
+class RunLockedError(ValueError):
+    """Another trainer holds the run directory."""
+
+
+def recorded_config(run_dir) -> dict:
+    """The config a run was started with, as its record holds it."""
+    rows = query_ro(run_dir, "SELECT json FROM config")
+    if not rows:
+        raise ValueError(f"{Path(run_dir) / 'run.db'} holds no config: not a training run")
+    return json.loads(rows[0]["json"])
+
+
+def resume_config(run_dir, overrides: list[str] = ()) -> Config:
+    """`bapo train resume=RUN_DIR [key=value ...]`: the run's recorded config with the (allowed) changes."""
+    from bapo_vl.config import parse_overrides
+
+    return Config(**{**recorded_config(run_dir), **dict(parse_overrides(overrides)), "resume": str(run_dir)})
+
+
+def check_resumable(cfg: Config, run_dir: Path):
+    """A resumed run continues with the config it was started with: only RESUME_MAY_CHANGE may differ."""
+    recorded = Config(**recorded_config(run_dir)).to_dict()
+    given = cfg.to_dict()
+    diff = [f"{k}: recorded {recorded[k]!r}, given {given[k]!r}" for k in recorded
+            if k not in RESUME_MAY_CHANGE and recorded[k] != given.get(k)]
+    if diff:
+        raise ValueError(f"resume={run_dir} continues that run with its recorded config; these differ: "
+                         + "; ".join(diff) + f" (only {', '.join(sorted(RESUME_MAY_CHANGE - {'resume'}))} "
+                         "may change on resume)")
+
+
 def open_run(cfg: Config, trainer: Trainer, problems) -> tuple[Path, RunRecord, int]:
-    """A new run directory and record, or (resume=RUN_DIR) the old one restored to its latest checkpoint;
-    steps recorded after that checkpoint are dropped, since they are trained again."""
+    """A new run directory and record, or (resume=RUN_DIR) the old one restored to its latest complete checkpoint;
+    steps recorded after that checkpoint are dropped, since they are trained again. The caller holds the lock."""
     if cfg.resume:
         run_dir = Path(cfg.resume)
-        latest = run_dir / "checkpoints" / "latest"
-        if not latest.is_file():
-            raise FileNotFoundError(f"resume={run_dir}: no checkpoint there ({latest} is missing)")
-        start = int(latest.read_text())
+        steps = checkpoint_steps(run_dir)
+        if not steps:
+            raise FileNotFoundError(f"resume={run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
+        start = steps[-1]
         path = run_dir / "checkpoints" / f"step_{start}"
-        trainer.load_state_dict(torch.load(path / "state.pt", weights_only=False))
+        trainer.load_state_dict(torch.load(path / STATE, weights_only=False))
         trainer.backend.load_checkpoint(path)
         record = RunRecord.open(run_dir, truncate_after=start, sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
         record.set_verifier(getattr(trainer.task, "version", ""), start + 1)
         return run_dir, record, start
-    name = cfg.name or f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}"
-    run_dir = Path(cfg.run_dir) / name
-    record = RunRecord.create(run_dir, cfg.to_dict(), name=name, backend=trainer.backend.name,
+    run_dir = run_path(cfg)
+    record = RunRecord.create(run_dir, cfg.to_dict(), name=run_dir.name, backend=trainer.backend.name,
                               sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
     record.set_verifier(getattr(trainer.task, "version", ""), 1)
     record.log_problems(problems)
     return run_dir, record, 0
 
 
+def run_path(cfg: Config) -> Path:
+    if cfg.resume:
+        return Path(cfg.resume)
+    return Path(cfg.run_dir) / (cfg.name or f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
 def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
     """Run (or resume) training; `backend` defaults to the embedded one (verl_main passes a VerlBackend)."""
+    if cfg.resume:
+        check_resumable(cfg, Path(cfg.resume))
+    cfg = dataclasses.replace(cfg, name=cfg.name or run_path(cfg).name)  # one timestamp for the whole run
+    lock = lock_run_dir(run_path(cfg))
     task = get_task(cfg.task, cfg.tasks_dirs)
     problems = task.load(split="train", **cfg.task_options)
     backend = backend or make_backend(cfg)
     trainer = Trainer(cfg, backend, task, problems)
-    run_dir, record, start = open_run(cfg, trainer, problems)
+    try:
+        run_dir, record, start = open_run(cfg, trainer, problems)
+    except BaseException:
+        lock.close()
+        raise
     status = "failed"
     try:
         with _progress(cfg.steps) as progress:
@@ -106,4 +192,5 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
     finally:
         record.finish(status)
         record.close()
+        lock.close()
     return run_dir

@@ -15,6 +15,7 @@ import torch
 
 from bapo_vl.algorithm import (BadBuffer, BapoState, Group, HighBuffer, Sample, Thresholds, get_filter,
                                is_promoted, sample_replay)
+from bapo_vl.backends.base import Backend, Policy, Response, UpdateBatch
 from bapo_vl.losses import grpo_advantages
 from bapo_vl.problem import Problem, Verdict
 
@@ -49,11 +50,10 @@ class PromptSampler:
         return [self.problems[i] for i in taken]
 
     def state_dict(self):
-        return {"epoch": self.epoch, "pos": self.pos}
+        return {"epoch": self.epoch, "pos": self.pos, "order": list(self._order)}  # order: see next() at an epoch end
 
     def load_state_dict(self, state):
-        self.epoch, self.pos = state["epoch"], state["pos"]
-        self._order = self._permutation()
+        self.epoch, self.pos, self._order = state["epoch"], state["pos"], list(state["order"])
 
 
 def verify_all(task, texts: list[str], answers: list) -> list[Verdict]:
@@ -64,7 +64,7 @@ def verify_all(task, texts: list[str], answers: list) -> list[Verdict]:
         try:
             verdicts = list(batch(texts, answers))
             if len(verdicts) == len(texts):
-                return [v if isinstance(v, Verdict) else Verdict(v) for v in verdicts]
+                return [Verdict.of(v) for v in verdicts]
             log.warning("verify_batch of %s returned %d verdicts for %d responses", task.name, len(verdicts), len(texts))
         except Exception as e:  # noqa: BLE001 - model output is hostile input
             log.warning("verify_batch of %s raised %s: %s; verifying one at a time", task.name, type(e).__name__, e)
@@ -74,8 +74,7 @@ def verify_all(task, texts: list[str], answers: list) -> list[Verdict]:
 def verify_safely(task, text: str, answer) -> Verdict:
     """A verifier must never crash the trainer: an exception counts as unparsable (and is logged)."""
     try:
-        verdict = task.verify(text, answer)
-        return verdict if isinstance(verdict, Verdict) else Verdict(verdict)
+        return Verdict.of(task.verify(text, answer))
     except Exception as e:  # noqa: BLE001 - model output is hostile input
         log.warning("verifier %s raised %s: %s", task.name, type(e).__name__, e)
         return Verdict.UNPARSABLE
@@ -94,7 +93,7 @@ class StepResult:
 
 
 class Trainer:
-    def __init__(self, cfg, backend, task, problems: list[Problem]):
+    def __init__(self, cfg, backend: Backend, task, problems: list[Problem]):
         self.cfg, self.backend, self.task = cfg, backend, task
         self.sampler = PromptSampler(problems, cfg.seed)
         self.state = BapoState(
@@ -104,33 +103,32 @@ class Trainer:
             rng=random.Random(cfg.seed),
         )
         self.online_filter = get_filter(cfg.online_filter)
-        self.updates = 0  # trainer policy version: updates applied so far
-        self.rollout_version = 0  # version held by the rollout policy alpha
+        # The one policy-version counter (backends count nothing): pi_theta's version = updates applied so far,
+        # and the version alpha held at its last sync.
+        self.updates = 0
+        self.rollout_version = 0
         self.verdicts: Counter = Counter()
         self.timings: Counter = Counter()
 
     # --- pieces of a step ------------------------------------------------------------------------------------
 
-    def rollout(self, problems: list[Problem], step: int, policy: str, source: str, prompts=None) -> list[Group]:
+    def rollout(self, problems: list[Problem], step: int, policy: Policy, source: str) -> list[Group]:
         """G responses per problem from alpha (policy="rollout") or pi_theta (policy="current"), verified.
-        Prompts are encoded here, not cached: image tensors are large (see `step`)."""
-        prompts = prompts or [self.backend.encode(p) for p in problems]
+        `source` says why they were generated: "fresh" or "reevaluated". Prompts are encoded here, not cached:
+        image tensors are large (see `step`)."""
+        prompts = [self.backend.encode(p) for p in problems]
         t0 = time.perf_counter()
         outputs = self.backend.generate(prompts, self.cfg.group_size, policy=policy)
         t1 = time.perf_counter()
         version = self.rollout_version if policy == "rollout" else self.updates
-        texts = [[self.backend.decode(tokens) for tokens, _ in responses] for responses in outputs]
+        texts = [[self.backend.decode(r.tokens) for r in responses] for responses in outputs]
         flat = verify_all(self.task, [t for ts in texts for t in ts],
                           [p.answer for p, ts in zip(problems, texts) for _ in ts])
-        groups, k = [], 0
-        for problem, prompt, responses, group_texts in zip(problems, prompts, outputs, texts):
-            samples = []
-            for (tokens, logprobs), text in zip(responses, group_texts):
-                verdict = flat[k]
-                k += 1
-                self.verdicts[verdict.value] += 1
-                samples.append(Sample(tokens, logprobs, text, verdict.reward, verdict.value))
-            groups.append(Group(problem, samples, step, version, source, prompt))
+        self.verdicts.update(v.value for v in flat)
+        verdicts = iter(flat)
+        groups = [Group(problem, [Sample(list(r.tokens), list(r.logprobs), text, (v := next(verdicts)).reward, v.value)
+                                  for r, text in zip(responses, group_texts)], step, version, source, prompt)
+                  for problem, prompt, responses, group_texts in zip(problems, prompts, outputs, texts)]
         self.timings["generate"] += t1 - t0
         self.timings["score"] += time.perf_counter() - t1
         return groups
@@ -168,7 +166,9 @@ class Trainer:
         old = self.state.bad.oldest(cfg.reeval_max, exclude=exclude)
         if not old:
             return [], []
-        new = self.rollout([g.problem for g in old], step, "current", "x2")
+        # right after a sync alpha is pi_theta: generating with it spares a backend its temporary sync (verl)
+        policy = "rollout" if self.rollout_version == self.updates else "current"
+        new = self.rollout([g.problem for g in old], step, policy, "reevaluated")
         promoted = [n for n, o in zip(new, old) if is_promoted(n, o, self.state.thresholds.c1, cfg.promote)]
         promoted = promoted[:max(room, 0)]
         self.state.bad.remove(g.uid for g in promoted)
@@ -181,7 +181,7 @@ class Trainer:
         th = self.state.thresholds
         return sample_replay(self.state.high, room, th.c2, th.c3, exclude, self.state.rng)
 
-    def train_on(self, batch: list[Group]) -> dict:
+    def train_on(self, batch: list[Group], step: int) -> dict:
         """Steps 8-9: GRPO advantages per group, then the clipped update against stored log-probs. With a critic
         (BA-PPO) the advantage is left to the backend, which computes GAE from its value model and the rewards."""
         if not batch:
@@ -190,13 +190,16 @@ class Trainer:
             g.prompt = g.prompt if g.prompt is not None else self.backend.encode(g.problem)
         rewards = torch.tensor([g.rewards for g in batch], dtype=torch.float32)  # (n_groups, G)
         adv = None if self.cfg.critic else grpo_advantages(rewards, eps=self.cfg.adv_eps)  # (n_groups, G)
-        sequences = [{"prompt": g.prompt, "tokens": s.tokens, "logprobs": s.logprobs, "reward": s.reward,
-                      "advantage": None if adv is None else float(adv[i, j]), "group": i}
-                     for i, g in enumerate(batch) for j, s in enumerate(g.samples)]
+        update = UpdateBatch(
+            prompts=tuple(g.prompt for g in batch),
+            responses=tuple(tuple(Response(tuple(s.tokens), tuple(s.logprobs)) for s in g.samples) for g in batch),
+            rewards=tuple(tuple(g.rewards) for g in batch),
+            advantages=None if adv is None else tuple(tuple(row) for row in adv.tolist()), step=step)
         t0 = time.perf_counter()
-        metrics = self.backend.update(sequences)
+        metrics = self.backend.update(update)
         self.timings["train"] += time.perf_counter() - t0
-        self.updates += 1
+        if "loss" in metrics:  # a backend that could train on none of the batch (verl's trimming) reports no loss
+            self.updates += 1
         return metrics
 
     # --- one step (Algorithm 1) --------------------------------------------------------------------------------
@@ -218,7 +221,7 @@ class Trainer:
         x3 = self.replay(cfg.batch_size - len(x1) - len(x2), exclude=in_batch)  # 6
         batch = x1 + x2 + x3  # 7
         c2, c3 = th.c2, th.c3  # the thresholds this step used
-        train_metrics = self.train_on(batch)  # 8, 9
+        train_metrics = self.train_on(batch, t)  # 8, 9
         th.observe([r for g in fresh for r in g.rewards])  # 10
         for g in fresh + reevaluated + x3:  # buffers keep responses and log-probs, not the (large) prompt encodings
             g.prompt = None
@@ -236,10 +239,10 @@ class Trainer:
             "trained_groups": len(batch), "bad_size": len(self.state.bad), "high_size": len(self.state.high),
             "c1": self.state.thresholds.c1, "c2": c2, "c3": c3, "r_tot": self.state.thresholds.r_tot,
             "rollouts": G * (len(fresh) + len(reevaluated)), "rollouts_fresh": G * len(fresh),
-            "rollouts_reeval": G * len(reevaluated),
+            "rollouts_reevaluated": G * len(reevaluated),
             "fresh_reward": mean([r for g in fresh for r in g.rewards]),
             "reward": mean([r for g in batch for r in g.rewards]),
-            "reeval_reward": mean([r for g in reevaluated for r in g.rewards]),
+            "reevaluated_reward": mean([r for g in reevaluated for r in g.rewards]),
             "bins": bins, "policy_version": self.updates, "rollout_version": self.rollout_version,
             "response_length": mean([len(s.tokens) for g in fresh for s in g.samples]),
             **{f"t_{k}": self.timings.get(k, 0.0) for k in ("generate", "score", "train", "sync")},

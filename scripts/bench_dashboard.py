@@ -10,6 +10,7 @@ Per tab, the time of the function the server runs for it (SQL through read-only 
          every generated group once),
   warm   the same tab again with the record unchanged (e.g. switching back to it),
   +step  after one more step was appended (what a live poll pays), measured on a temporary copy.
+Also `bapo runs show --json` (read_run and the JSON text), which reads the record once from scratch.
 With --browser: seconds from clicking the tab until its plots are drawn in headless Chromium (/usr/bin/chromium
 via Playwright) on a server that has done its start-up read, and the first page load. Each number is the median of
 --repeat runs. It prints the machine and the record's size with the table; no pass/fail.
@@ -17,6 +18,7 @@ via Playwright) on a server that has done its start-up read, and the first page 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import socket
@@ -31,6 +33,7 @@ from pathlib import Path
 from bapo_vl import record as R
 from bapo_vl.app import dashboard as D
 from bapo_vl.app import data, views
+from bapo_vl.reader import Run, read_run
 
 # tab -> (what the server runs, given (run, all runs)); controls at their defaults
 TABS = {
@@ -81,7 +84,7 @@ def append_step(run_dir) -> None:
     last = R.query_ro(run_dir, "SELECT MAX(step) FROM steps")[0][0]
     groups = [tuple(r) for r in R.query_ro(run_dir, "SELECT uid, correct, G, subset FROM prompt_steps WHERE step = ?",
                                            (last,))]
-    metrics = dict(R.read_steps(run_dir)[-1])
+    metrics = dict(Run(run_dir).step_records()[-1])
     record = R.RunRecord.open(run_dir)
     try:
         record.log_step(last + 1, {k: v for k, v in metrics.items() if k not in ("step", "time")}, groups=groups)
@@ -114,6 +117,11 @@ def bench_data(paths: list[str], repeat: int) -> dict[str, tuple[float, float, f
                 step[tab].append(timed(fn, runs[0], runs))
     med = statistics.median
     return {t: (med(cold[t]), med(warm[t]), med(step[t])) for t in TABS}
+
+
+def bench_show(path: str, repeat: int) -> float:
+    """`bapo runs show --json`: read_run from scratch and the JSON text."""
+    return statistics.median(timed(lambda: json.dumps(read_run(path), allow_nan=False)) for _ in range(repeat))
 
 
 # the dashboard in its own process, as `bapo dashboard` runs it; "ready" once its start-up read is done
@@ -189,6 +197,7 @@ def main(argv=None) -> int:
     for tab, (cold, warm, step) in rows.items():
         line = f"{D.TAB_TITLES[tab]:28s} {cold:8.3f} {warm:8.3f} {step:8.3f}"
         print(line + (f" {browser[tab]:10.2f}" if browser else ""))
+    print(f"bapo runs show --json: {bench_show(a.runs[0], a.repeat):.3f} s")
     if browser:
         print(f"browser: first page load until the Overview's plots are drawn {load:.2f} s; a tab's column is "
               f"click -> plots drawn, with the server warmed up")

@@ -4,10 +4,10 @@
 
 No model: each prompt i has a latent difficulty a_i and the policy a skill s(t) that grows over the run; a group of
 G responses has Binomial(G, sigmoid(a_i + s)) correct. The batch is then built with BAPO's rules, step by step,
-so the record has the rows a real run writes (bapo_vl/record.py): per step B fresh groups (`fresh` kept by the
+so the record has the rows a real run writes (bapo_vl/record.py): per step B fresh groups (`x1` kept by the
 range filter 1/G <= mu <= (G-1)/G, `filtered` dropped), every m steps up to `reeval_max` B_bad groups
-re-generated with the current policy (`x2` promoted when c1 < mu_new < 1, `reeval` otherwise), `x3` replays of
-B_high groups of the last 3 steps filling the batch up to B; thresholds c2/c3 from the real
+re-generated with the current policy (`x2` promoted when c1 < mu_new < 1, `not_promoted` otherwise), `x3`
+replays of B_high groups of the last 3 steps filling the batch up to B; thresholds c2/c3 from the real
 `bapo_vl.algorithm.Thresholds` (eq. 8); the metrics the trainer logs (bins, buffer sizes, rollouts, rewards,
 loss, KL, timings split into generate/score/train/sync, verdicts), a few sampled responses per step, and a
 held-out evaluation every 25 steps. `--images` attaches a small PNG diagram to the prompts whose responses are
@@ -27,7 +27,7 @@ import numpy as np
 
 from bapo_vl.algorithm import Thresholds
 from bapo_vl.problem import Problem
-from bapo_vl.record import RunRecord
+from bapo_vl.record import FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord
 
 SAMPLED_EVERY = 20  # responses are sampled (and, with --images, diagrams drawn) for every 20th prompt
 
@@ -117,7 +117,8 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
     skill = lambda t: 1.6 * t / max(steps, 1)  # the policy improves over the run
     p_solve = lambda idx, t: 1 / (1 + np.exp(-(difficulty[idx] + skill(t))))
     uid = lambda i: f"synth-{i:06d}"
-    sampler, th = Sampler(prompts, rng), Thresholds(c1=1 / G)
+    sampler, th = Sampler(prompts, rng), Thresholds(c1=1 / G, c2_range=tuple(config["c2_range"]),
+                                                    c3_range=tuple(config["c3_range"]))
     bad: OrderedDict[int, int] = OrderedDict()  # B_bad: prompt -> correct count, oldest first (capacity B)
     high: dict[int, list[tuple[int, int]]] = {}  # B_high: step -> [(prompt, correct)]
     t0 = time.perf_counter()
@@ -126,7 +127,7 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
         idx = sampler.next(B)
         correct = rng.binomial(G, p_solve(idx, t - (t - 1) % delay))  # delayed rollout policy
         kept = (correct >= 1) & (correct <= G - 1)  # X1 filter: 1/G <= mu <= (G-1)/G
-        groups = [(uid(i), int(c), G, "fresh" if k else "filtered") for i, c, k in zip(idx, correct, kept)]
+        groups = [(uid(i), int(c), G, X1 if k else FILTERED) for i, c, k in zip(idx, correct, kept)]
         x1 = int(kept.sum())
         for i, c in zip(idx, correct):  # store: B_bad (mu <= c1), B_high (c2 <= mu <= c3)
             if c / G <= c1 and use_x2:
@@ -147,7 +148,7 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
             room = B - x1
             for i, c in zip(old, new):
                 promoted = c1 < c / G < 1 and x2 < room
-                groups.append((uid(i), int(c), G, "x2" if promoted else "reeval"))
+                groups.append((uid(i), int(c), G, X2 if promoted else NOT_PROMOTED))
                 if promoted:
                     x2 += 1
                     del bad[i]
@@ -161,11 +162,11 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
                 break
             if i not in in_batch:
                 in_batch.add(i)
-                groups.append((uid(i), c, G, "x3"))
+                groups.append((uid(i), c, G, X3))
                 x3 += 1
         fresh_rewards = correct.sum() / (B * G)
         th.observe([1.0] * int(correct.sum()) + [0.0] * int(B * G - correct.sum()))
-        batch_c = [c for _, c, _, s in groups if s in ("fresh", "x2", "x3")]
+        batch_c = [c for _, c, _, s in groups if s in (X1, X2, X3)]
         n_resp = G * (B + n_reeval)
         right = int(correct.sum() + sum(reeval_correct))
         unparsable = int(rng.binomial(n_resp - right, 0.1))
@@ -176,10 +177,11 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
         metrics = {
             "step": t, "x1": x1, "x2": x2, "x3": x3, "batch_size": B, "trained_groups": x1 + x2 + x3,
             "bad_size": len(bad), "high_size": sum(len(v) for v in high.values()), "c1": c1, "c2": c2, "c3": c3,
-            "r_tot": th.r_tot, "rollouts": n_resp, "rollouts_fresh": G * B, "rollouts_reeval": G * n_reeval,
+            "r_tot": th.r_tot, "rollouts": n_resp, "rollouts_fresh": G * B,
+            "rollouts_reevaluated": G * n_reeval,
             "fresh_reward": float(fresh_rewards),
             "reward": sum(batch_c) / (G * len(batch_c)) if batch_c else 0.0,
-            "reeval_reward": sum(reeval_correct) / (G * n_reeval) if n_reeval else 0.0,
+            "reevaluated_reward": sum(reeval_correct) / (G * n_reeval) if n_reeval else 0.0,
             "loss": float(rng.normal(0, 0.02)), "kl": 1e-3 * t / steps + float(rng.gamma(2, 1e-4)),
             "entropy": 0.9 - 0.3 * t / steps + float(rng.normal(0, 0.01)), "clip_frac": float(rng.beta(2, 60)),
             "policy_version": t - 1, "rollout_version": (t - 1) - (t - 1) % delay,
@@ -188,8 +190,8 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
             "t_sync": float(rng.gamma(10, 0.3)) if t % delay == 0 else 0.0,
         }
         samples = []
-        sampled = [r for r in groups if r[3] in ("fresh", "x2") and int(r[0][-6:]) % SAMPLED_EVERY == 0]
-        for u, c, g, s in sorted(sampled, key=lambda r: r[3] != "x2")[:4]:  # promoted X2 groups first
+        sampled = [r for r in groups if r[3] in (X1, X2) and int(r[0][-6:]) % SAMPLED_EVERY == 0]
+        for u, c, g, s in sorted(sampled, key=lambda r: r[3] != X2)[:4]:  # promoted X2 groups first
             for j in range(g):
                 v = "correct" if j < c else prng.choice(["wrong", "wrong", "wrong", "unparsable", "timeout"])
                 samples.append((u, s, j, RESPONSES[v].format(a=f"({prng.randint(1, 99)}*{prng.randint(1, 9)})"),

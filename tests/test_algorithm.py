@@ -3,8 +3,8 @@ import random
 
 import pytest
 
-from bapo_vl.algorithm import (BadBuffer, Group, HighBuffer, Sample, Thresholds, get_filter, is_promoted,
-                               sample_replay)
+from bapo_vl.algorithm import (PROMOTE_RULES, BadBuffer, Group, HighBuffer, Sample, Thresholds, get_filter, get_promote,
+                               is_promoted, register_promote, sample_replay)
 from bapo_vl.config import ALGOS, Config, load_config
 from bapo_vl.problem import Problem
 
@@ -113,6 +113,15 @@ def test_promotion_improved_rule(old, new, expected):
     assert is_promoted(group("a", new), group("a", old), c1=1 / 8, rule="improved") is expected
 
 
+def test_is_promoted_dispatches_through_the_registry(monkeypatch):
+    monkeypatch.setitem(PROMOTE_RULES, "never", None)  # teardown removes the rule registered below
+    register_promote("never")(lambda new, old, c1: False)
+    assert is_promoted(group("a", 4), group("a", 0), c1=1 / 8, rule="threshold") is True
+    assert is_promoted(group("a", 4), group("a", 0), c1=1 / 8, rule="never") is False
+    with pytest.raises(KeyError, match="threshold, improved"):
+        get_promote("nope")
+
+
 # --- X3 replay ---------------------------------------------------------------------------------------------
 
 
@@ -132,15 +141,23 @@ def test_replay_fills_at_most_room_from_threshold_window_without_repeating_uids(
 # --- thresholds (eq. 8) ------------------------------------------------------------------------------------
 
 
+PAPER = dict(c1=1 / 8, c2_range=(1 / 8, 4 / 8), c3_range=(2 / 8, 5 / 8))  # SPEC section 4
+
+
+def test_thresholds_take_their_settings_from_config():
+    with pytest.raises(TypeError):  # no defaults of their own: Config declares c1, c2_range, c3_range
+        Thresholds()
+
+
 def test_threshold_endpoints():
-    th = Thresholds()
+    th = Thresholds(**PAPER)
     assert th.r_tot == 0 and th.c2 == 1 / 8 and th.c3 == 2 / 8  # r_tot = 0: the low ends
     th.observe([1.0] * 16)
     assert th.r_tot == 1 and th.c2 == 4 / 8 and th.c3 == 5 / 8  # r_tot = 1: the high ends
 
 
 def test_threshold_running_average():
-    th = Thresholds()
+    th = Thresholds(**PAPER)
     th.observe([1, 0, 0, 0])  # 1/4
     th.observe([1, 1, 0, 0, 0, 0, 0, 0])  # running: 3/12 = 0.25
     assert th.r_tot == pytest.approx(0.25)

@@ -1,6 +1,7 @@
 """The web dashboard (`bapo dashboard`, app/) on the record of a real tiny training run.
 
-The readers are checked against the record's own SQL (bapo_vl.record) and against naive loops; then the real
+The reader (bapo_vl.reader, shared with `bapo runs show`) is checked on that run and on a synthetic record against
+an SQL oracle of the hard-problem ledger and against plain loops for the accuracy bins and migration; then the real
 server is started on a free localhost port and driven in headless Chromium with Playwright: every tab draws its
 plots, the numbers on the page match SQL on the same database, the migration matrix sums to the prompts seen at
 both steps, and a step written after the page loaded appears without a reload.
@@ -26,8 +27,12 @@ pytest.importorskip("gradio")
 pytestmark = [pytest.mark.filterwarnings("ignore:.*no_silent_downcasting"),
               pytest.mark.filterwarnings("ignore:The copy keyword is deprecated")]
 
+import pandas as pd  # noqa: E402
+
 from bapo_vl import record as R  # noqa: E402
 from bapo_vl.app import data, views  # noqa: E402
+from bapo_vl.reader import Run  # noqa: E402
+from bapo_vl.record import FILTERED, FRESH, GENERATED, X1, X2, X3, sql_in  # noqa: E402
 from bapo_vl.app.cli import add_parser, cmd_dashboard  # noqa: E402
 from bapo_vl.app.dashboard import BIN_MODES, MODE_AT, TAB_TITLES  # noqa: E402
 from bapo_vl.cli import main  # noqa: E402
@@ -61,24 +66,41 @@ def sql(run_dir, q, args=()):
 
 def gen_rows(run_dir):
     return [tuple(r) for r in sql(run_dir, "SELECT step, uid, correct, G, subset FROM prompt_steps "
-                                           "WHERE subset != 'x3' ORDER BY step")]
+                                           f"WHERE {sql_in(GENERATED)} ORDER BY step")]
 
 
 def overlap_pair(run_dir) -> tuple[int, int, int]:
     """The pair of steps a < b with the most prompts generated for at both: (a, b, count)."""
-    row = sql(run_dir, """
-        WITH g AS (SELECT DISTINCT step, uid FROM prompt_steps WHERE subset != 'x3')
+    row = sql(run_dir, f"""
+        WITH g AS (SELECT DISTINCT step, uid FROM prompt_steps WHERE {sql_in(GENERATED)})
         SELECT a.step, b.step, COUNT(*) AS n FROM g a JOIN g b ON a.uid = b.uid AND a.step < b.step
         GROUP BY a.step, b.step ORDER BY n DESC, a.step LIMIT 1""")[0]
     return row[0], row[1], row[2]
 
 
-# ----------------------------------------------------------------------------- readers (no browser)
+def sql_ledger(run_dir) -> list[tuple]:
+    """The hard-problem ledger in plain SQL, the oracle for the reader's numpy one: (uid, first_seen, first_solved)
+    of the prompts whose every generated group at their first generated step was 0/G; first_solved = the lowest
+    later step with a generated group >= 1/G, None while unsolved. x3 replays are no generation."""
+    return [tuple(r) for r in sql(run_dir, f"""
+        WITH gen AS (SELECT step, uid, correct FROM prompt_steps WHERE {sql_in(GENERATED)}),
+        first AS (SELECT uid, MIN(step) AS first_seen FROM gen GROUP BY uid),
+        unsolved AS (
+            SELECT f.uid, f.first_seen FROM first f JOIN gen g ON g.uid = f.uid AND g.step = f.first_seen
+            GROUP BY f.uid HAVING MAX(g.correct) = 0)
+        SELECT u.uid, u.first_seen,
+               (SELECT MIN(g.step) FROM gen g WHERE g.uid = u.uid AND g.step > u.first_seen AND g.correct >= 1)
+        FROM unsolved u ORDER BY u.first_seen, u.uid""")]
+
+
+# ----------------------------------------------------------------------------- the reader (no browser)
 
 
 def test_training_produced_all_three_subsets(runs):
     counts = dict(sql(runs[0], "SELECT subset, COUNT(*) FROM prompt_steps GROUP BY subset"))
-    assert counts.get("x2", 0) > 0 and counts.get("x3", 0) > 0 and counts.get("fresh", 0) > 0, counts
+    assert counts.get(X2, 0) > 0 and counts.get(X3, 0) > 0 and counts.get(X1, 0) > 0, counts
+    assert set(counts) <= set(R.SUBSETS)
+    assert set(dict(sql(runs[0], "SELECT subset, COUNT(*) FROM samples GROUP BY subset"))) <= set(R.SUBSETS)
 
 
 def _synthetic(tmp_path):
@@ -90,46 +112,57 @@ def _synthetic(tmp_path):
     return synth(tmp_path / "synth", prompts=600, steps=40, B=32, G=8, m=5, quiet=True)
 
 
-def test_ledger_matches_the_records_sql(runs, tmp_path):
+def reader_ledger(run_dir) -> list[tuple]:
+    ledger = Run(run_dir).ledger()
+    return [(u, int(a), None if pd.isna(b) else int(b)) for u, a, b in ledger.itertuples(index=False)]
+
+
+def test_ledger_matches_the_sql_oracle(runs, tmp_path):
     for run_dir in (runs[0], _synthetic(tmp_path)):  # the synthetic run has prompts solved after several tries
-        ledger = data.Run(run_dir).ledger()
-        mine = [(u, int(a), None if b is None else int(b))
-                for u, a, b in ledger.astype(object).where(ledger.notna(), None).itertuples(index=False)]
-        want = [(r["uid"], r["first_seen"], r["first_solved"]) for r in R.hard_problem_ledger(run_dir)["rows"]]
-        assert mine == want
+        want = sql_ledger(run_dir)
+        assert want and reader_ledger(run_dir) == want
+        s = Run(run_dir).summary()
+        assert (s["first_unsolved"], s["later_solved"]) == (len(want), sum(1 for *_, b in want if b is not None))
 
 
-def naive_window(rows, a, b, G):
-    """Migration matrix by a plain loop: latest result <= a (rows) against latest result in (a, b] (columns)."""
+def naive_migration(rows, a, b, G, window):
+    """Histograms and migration matrix by a plain loop (see Run.migration); a prompt generated twice at one step
+    counts by its fresh group."""
     def latest(lo, hi):
         out = {}
-        for step, uid, c, g, subset in sorted(rows, key=lambda r: (r[0], r[4] in ("fresh", "filtered"))):
+        for step, uid, c, g, subset in sorted(rows, key=lambda r: (r[0], r[4] in FRESH)):
             if (lo is None or step > lo) and step <= hi:
                 out[uid] = round(c * G / g)
         return out
-    before, after, upto_b = latest(None, a), latest(a, b), latest(None, b)
+    if window:
+        hist_a, hist_b, cols = latest(None, a), latest(None, b), latest(a, b)
+    else:
+        hist_a, hist_b = latest(a - 1, a), latest(b - 1, b)
+        cols = hist_b
     m = [[0] * (G + 1) for _ in range(G + 1)]
-    for uid in before.keys() & after.keys():
-        m[before[uid]][after[uid]] += 1
+    for uid in hist_a.keys() & cols.keys():
+        m[hist_a[uid]][cols[uid]] += 1
     hist = lambda d: [sum(1 for v in d.values() if v == i) for i in range(G + 1)]
-    return hist(before), hist(upto_b), m
+    return hist(hist_a), hist(hist_b), m
 
 
-def test_migration_windows_match_a_plain_loop(runs, tmp_path):
-    for run_dir, g in ((runs[0], G), (_synthetic(tmp_path), 8)):
-        run, rows = data.Run(run_dir), gen_rows(run_dir)
+def test_migration_matches_a_plain_loop(runs, tmp_path):
+    for run_dir in (runs[0], _synthetic(tmp_path)):
+        run, rows = Run(run_dir), gen_rows(run_dir)
         last = sql(run_dir, "SELECT MAX(step) FROM steps")[0][0]
         for a, b in ((1, last), (2, 4), (last // 2, last), (3, 3)):
-            assert data.bins_and_matrix_window(run, a, b, g) == naive_window(rows, a, b, g), (a, b)
+            for window in (True, False):
+                want = naive_migration(rows, a, b, run.group_size(), window)
+                assert run.migration(a, b, window) == want, (a, b, window)
 
 
 def test_exact_step_matrix_sums_to_prompts_generated_at_both_steps(runs):
     a, b, n = overlap_pair(runs[0])
     assert n > 0
-    hist_a, _, m = data.bins_and_matrix_at(data.Run(runs[0]), a, b)
+    hist_a, _, m = Run(runs[0]).migration(a, b)
     assert sum(map(sum, m)) == n
-    assert sum(hist_a) == sql(runs[0], "SELECT COUNT(DISTINCT uid) FROM prompt_steps WHERE step = ? AND subset != 'x3'",
-                              (a,))[0][0]
+    assert sum(hist_a) == sql(runs[0], f"SELECT COUNT(DISTINCT uid) FROM prompt_steps WHERE step = ? AND "
+                                       f"{sql_in(GENERATED)}", (a,))[0][0]
 
 
 def _log_extra_step(run_dir, step, x1=3):
@@ -139,7 +172,7 @@ def _log_extra_step(run_dir, step, x1=3):
         record.log_step(step, {"x1": x1, "x2": 1, "x3": 0, "batch_size": 8, "bad_size": 2, "high_size": 1,
                                "c2": 0.2, "c3": 0.3, "rollouts": 16, "fresh_reward": 0.5, "reward": 0.5,
                                "t_generate": 1.0, "t_score": 0.1, "t_train": 0.5, "t_sync": 0.0},
-                        groups=[("live-new", 0, G, "filtered"), ("live-solved", 2, G, "fresh")])
+                        groups=[("live-new", 0, G, FILTERED), ("live-solved", 2, G, X1)])
     finally:
         record.close()
 
@@ -147,21 +180,20 @@ def _log_extra_step(run_dir, step, x1=3):
 def test_readers_follow_appended_and_rewritten_steps(runs, tmp_path):
     run_dir = tmp_path / "r"
     shutil.copytree(runs[0], run_dir, ignore=shutil.ignore_patterns("final", "checkpoints"))
-    run = data.Run(run_dir)
+    run = Run(run_dir)
     before = run.ledger()
     last = int(run.steps()["step"].max())
     _log_extra_step(run_dir, last + 1)
     assert int(run.steps()["step"].max()) == last + 1
     assert len(run.ledger()) == len(before) + 1  # live-new was 0/G when first seen
-    want = [(r["uid"], r["first_seen"], r["first_solved"]) for r in R.hard_problem_ledger(run_dir)["rows"]]
-    assert len(want) == len(run.ledger())
+    assert reader_ledger(run_dir) == sql_ledger(run_dir)
     R.RunRecord.open(run_dir, truncate_after=2).close()  # a resume rewinds: the readers start over
     assert int(run.steps()["step"].max()) == 2
-    assert len(run.ledger()) == R.hard_problem_ledger(run_dir)["first_unsolved"]
+    assert len(run.ledger()) == len(sql_ledger(run_dir))
 
 
 def test_search_finds_uid_and_text_and_treats_wildcards_literally(runs):
-    run = data.Run(runs[0])
+    run = Run(runs[0])
     uid, text = sql(runs[0], "SELECT uid, text FROM problems WHERE uid IN (SELECT uid FROM prompt_steps) LIMIT 1")[0]
     assert data.search_prompts(run, uid)[0][0] == uid
     assert uid in [u for u, _ in data.search_prompts(run, text[:12])]
@@ -310,18 +342,18 @@ def test_ledger_tab_matches_sql_and_opens_a_prompt(page, runs):
     from playwright.sync_api import expect
 
     run = runs[0]
-    ledger = R.hard_problem_ledger(run)
+    ledger = sql_ledger(run)
+    solved = [(uid, b) for uid, _, b in ledger if b is not None]
     open_tab(page, "ledger")
     expect(page.locator("#ledger-text")).to_contain_text("later reached")
     text = page.locator("#ledger-text").inner_text()
-    assert number_after(text, "time they were generated for:") == ledger["first_unsolved"]
-    assert number_after(text, f"later reached ≥ 1/{G}:") == ledger["later_solved"]
+    assert number_after(text, "time they were generated for:") == len(ledger)
+    assert number_after(text, f"later reached ≥ 1/{G}:") == len(solved)
     wait_marks(page, "ledger-curve", "line")
-    expect(page.locator("#ledger-note")).to_contain_text(f"{ledger['later_solved']} prompt(s) solved later")
+    expect(page.locator("#ledger-note")).to_contain_text(f"{len(solved)} prompt(s) solved later")
     shoot(page, "ledger")
-    solved = [r for r in ledger["rows"] if r["first_solved"] is not None]
     if solved:  # a click on a row opens the prompt
-        uid = max(solved, key=lambda r: r["first_solved"])["uid"]
+        uid = max(solved, key=lambda r: r[1])[0]
         cell = page.locator("#ledger-table [role='gridcell']").get_by_text(uid, exact=True).first
         cell.scroll_into_view_if_needed()
         cell.click()
@@ -352,7 +384,8 @@ def test_bins_tab_histograms_and_matrix_match_sql(page, runs):
     cells = [row[1:] for row in table_rows(page, "bins-matrix")]
     assert [len(row) for row in cells] == [G + 1] * (G + 1)
     assert sum(int(c) for row in cells for c in row) == n  # the matrix sums to the prompts seen at both steps
-    count_a = sql(run, "SELECT COUNT(DISTINCT uid) FROM prompt_steps WHERE step = ? AND subset != 'x3'", (a,))[0][0]
+    count_a = sql(run, f"SELECT COUNT(DISTINCT uid) FROM prompt_steps WHERE step = ? AND {sql_in(GENERATED)}",
+                  (a,))[0][0]
     assert f"at step {a} ({count_a})" in text
     assert BIN_MODES[0] != MODE_AT  # the window mode is the default (steps rarely share prompts in big runs)
 

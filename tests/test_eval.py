@@ -78,7 +78,7 @@ def test_eval_run_checkpoint_greedy_json(capsys, run_dir):
     assert main(args) == 0
     result = json.loads(capsys.readouterr().out)
     assert result["task"] == "countdown" and result["options"] == {"template": "compact"}
-    assert result["checkpoint"] == 1 and result["policy"].endswith("step_1/state.pt")
+    assert result["checkpoint"] == 1 and result["policy"].endswith("checkpoints/step_1")
     check_set(result["sets"]["cd4"], 4, 1)
     assert result["step"] == 7
     assert {r["name"] for r in query_ro(run_dir, "SELECT name FROM evals WHERE step = 7")} == {

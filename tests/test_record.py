@@ -1,29 +1,33 @@
-"""The run record on a real SQLite file: round trips, live reading under WAL, and the analyses
-(hard-problem ledger, accuracy bins, migration matrix) checked against hand-computed answers."""
+"""The run record on a real SQLite file: round trips, live reading under WAL, the upgrade of an old record, and
+the reader's analyses (hard-problem ledger, accuracy bins, migration matrix, summary) checked against
+hand-computed answers. tests/test_dashboard.py checks the same reader on real runs against SQL and plain loops."""
 import json
 import math
+import sqlite3
 
 import pytest
 from PIL import Image
 
+from bapo_vl import record as R
+from bapo_vl.cli import main
 from bapo_vl.problem import Problem
-from bapo_vl.record import (RunRecord, accuracy_bins, connect_ro, find_runs, hard_problem_ledger, make_sinks,
-                            migration_matrix, query_ro, read_run, read_steps)
-from bapo_vl.runs_cli import cmd_runs_list, cmd_runs_show
+from bapo_vl.reader import Run, read_run
+from bapo_vl.record import FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, connect_ro, find_runs, make_sinks, query_ro
+from bapo_vl.runs_cli import cmd_runs_list, cmd_runs_show, cmd_runs_upgrade
 
 CONFIG = {"algo": "bapo", "G": 4, "batch_size": 8, "buffers": {"c1": 0.125}}
 
 # A small history, G = 4. (uid, correct, G, subset) per step.
 HISTORY = {
-    1: [("u1", 0, 4, "fresh"), ("u2", 0, 4, "filtered"), ("u3", 2, 4, "fresh"), ("u4", 4, 4, "filtered"),
-        ("u8", 1, 4, "fresh"),
-        ("u7", 0, 4, "x3")],  # a replay is not a generation: u7 is first *seen* at step 2
-    2: [("u3", 2, 4, "x3"), ("u5", 0, 4, "fresh"), ("u7", 0, 4, "fresh"), ("u8", 0, 4, "filtered")],
-    3: [("u1", 0, 4, "reeval"),  # re-evaluated, still 0/G: not solved
-        ("u2", 3, 4, "x3")],  # replayed old responses claim 3/4: must NOT count as solving u2
-    4: [("u2", 2, 4, "x2"), ("u5", 1, 4, "fresh"), ("u1", 0, 4, "reeval"), ("u3", 3, 4, "fresh"),
-        ("u4", 4, 4, "x3")],
-    5: [("u7", 0, 4, "fresh")],
+    1: [("u1", 0, 4, X1), ("u2", 0, 4, FILTERED), ("u3", 2, 4, X1), ("u4", 4, 4, FILTERED),
+        ("u8", 1, 4, X1),
+        ("u7", 0, 4, X3)],  # a replay is not a generation: u7 is first *seen* at step 2
+    2: [("u3", 2, 4, X3), ("u5", 0, 4, X1), ("u7", 0, 4, X1), ("u8", 0, 4, FILTERED)],
+    3: [("u1", 0, 4, NOT_PROMOTED),  # re-evaluated, still 0/G: not solved
+        ("u2", 3, 4, X3)],  # replayed old responses claim 3/4: must NOT count as solving u2
+    4: [("u2", 2, 4, X2), ("u5", 1, 4, X1), ("u1", 0, 4, NOT_PROMOTED), ("u3", 3, 4, X1),
+        ("u4", 4, 4, X3)],
+    5: [("u7", 0, 4, X1)],
 }
 
 
@@ -40,7 +44,7 @@ def test_round_trip_meta_config_steps(tmp_path):
     rec = RunRecord.create(tmp_path / "r", CONFIG, name="demo", backend="verl")
     rec.log_step(1, {"x1": 5, "x2": 0, "x3": 2, "batch_size": 8, "loss": 0.25, "fresh_reward": 0.5,
                      "t_generate": 1.5},
-                 samples=[("u1", "fresh", 0, "the answer is 4", 1.0, "correct")],
+                 samples=[("u1", X1, 0, "the answer is 4", 1.0, "correct")],
                  verdicts={"correct": 3, "wrong": 4, "unparsable": 1})
     rec.log_step(2, {"x1": 6, "loss": 0.125})
     rec.log_eval(2, "heldout", {"accuracy": 0.75})
@@ -50,7 +54,7 @@ def test_round_trip_meta_config_steps(tmp_path):
     run = read_run(tmp_path / "r")
     assert run["config"] == CONFIG
     meta = run["meta"]
-    assert (meta["name"], meta["status"], meta["backend"], meta["schema_version"]) == ("demo", "finished", "verl", "1")
+    assert (meta["name"], meta["status"], meta["backend"], meta["schema_version"]) == ("demo", "finished", "verl", str(R.SCHEMA_VERSION))
     assert "created_at" in meta and "finished_at" in meta and "bapo_vl_version" in meta
     s1, s2 = run["steps"]
     assert (s1["step"], s1["x1"], s1["x3"], s1["loss"], s1["t_generate"]) == (1, 5, 2, 0.25, 1.5)
@@ -70,7 +74,7 @@ def test_unknown_metric_keys_are_kept_and_nan_is_strict_json(tmp_path):
     rec = RunRecord.create(tmp_path / "r", CONFIG)
     rec.log_step(1, {"loss": float("nan"), "my_probe": 3, "per_len": [1, 2], "note": "warmup"})
     rec.close()
-    (s,) = read_steps(tmp_path / "r")
+    (s,) = Run(tmp_path / "r").step_records()
     assert (s["my_probe"], s["per_len"], s["note"]) == (3, [1, 2], "warmup")
     assert s["loss"] is None  # NaN stored as null so the JSON stays parseable everywhere
     raw = query_ro(tmp_path / "r", "SELECT metrics FROM steps")[0][0]
@@ -80,11 +84,12 @@ def test_unknown_metric_keys_are_kept_and_nan_is_strict_json(tmp_path):
 def test_relogging_a_step_replaces_it(tmp_path):
     # a resumed run may redo steps; nothing may be duplicated
     rec = RunRecord.create(tmp_path / "r", CONFIG)
-    rec.log_step(1, {"loss": 1.0}, groups=[("a", 0, 4, "fresh")], verdicts={"wrong": 4})
-    rec.log_step(1, {"loss": 2.0}, groups=[("a", 1, 4, "fresh")], verdicts={"wrong": 3, "correct": 1})
+    rec.log_step(1, {"loss": 1.0}, groups=[("a", 0, 4, X1)], verdicts={"wrong": 4})
+    rec.log_step(1, {"loss": 2.0}, groups=[("a", 1, 4, X1)], verdicts={"wrong": 3, "correct": 1})
     rec.close()
-    assert [s["loss"] for s in read_steps(tmp_path / "r")] == [2.0]
-    assert accuracy_bins(tmp_path / "r", 1) == [0, 1, 0, 0, 0]
+    run = Run(tmp_path / "r")
+    assert [s["loss"] for s in run.step_records()] == [2.0]
+    assert run.accuracy_bins(1) == [0, 1, 0, 0, 0]
     assert query_ro(tmp_path / "r", "SELECT SUM(count) FROM verdicts")[0][0] == 4
 
 
@@ -92,6 +97,8 @@ def test_unknown_subset_is_refused(tmp_path):
     rec = RunRecord.create(tmp_path / "r", CONFIG)
     with pytest.raises(ValueError, match="'X2'.*known"):
         rec.log_step(1, {}, groups=[("a", 0, 4, "X2")])
+    with pytest.raises(ValueError, match="'fresh'.*known"):  # the version 1 name, in a sample
+        rec.log_step(1, {}, samples=[("a", "fresh", 0, "4", 1.0, "correct")])
     rec.close()
 
 
@@ -102,7 +109,7 @@ def test_reader_sees_steps_written_while_writer_stays_open(tmp_path):
     assert reader.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 1
     rec.log_step(2, {"loss": 0.5})  # the writer connection is still open
     assert reader.execute("SELECT COUNT(*) FROM steps").fetchone()[0] == 2
-    assert [s["step"] for s in read_steps(tmp_path / "r")] == [1, 2]
+    assert [s["step"] for s in Run(tmp_path / "r").step_records()] == [1, 2]
 
     # a reader in the middle of a read transaction does not block the writer (WAL); it keeps its snapshot
     reader.execute("BEGIN")
@@ -133,7 +140,7 @@ def test_create_refuses_to_overwrite_and_resume_appends(tmp_path):
     assert run["meta"]["status"] == "running" and "resumed_at" in run["meta"]
     # resuming from a checkpoint at step 1 drops what was logged after it
     RunRecord.open(tmp_path / "r", truncate_after=1).close()
-    assert [s["step"] for s in read_steps(tmp_path / "r")] == [1]
+    assert [s["step"] for s in Run(tmp_path / "r").step_records()] == [1]
 
 
 def test_open_without_record_fails_clearly(tmp_path):
@@ -164,47 +171,70 @@ def test_problems_stored_once_with_png(tmp_path):
 
 
 def test_hard_problem_ledger_hand_computed(tmp_path):
-    run = _record_history(tmp_path / "r")
-    ledger = hard_problem_ledger(run)
+    ledger = Run(_record_history(tmp_path / "r")).ledger()
     # first generated 0/4: u1 (step 1), u2 (step 1, filtered), u5 (step 2), u7 (step 2: its x3 row at step 1
     # is no generation). u3, u4, u8 were >= 1/4 at first sight: not in the ledger even though u8 later hit 0.
     # u2 is solved at step 4 by its own X2 generation, not at step 3 by the x3 replay; u5 at step 4 (fresh);
     # u1 stays 0 in re-evaluation; u7 stays 0.
-    assert ledger["rows"] == [
+    assert ledger.astype(object).where(ledger.notna(), None).to_dict("records") == [
         {"uid": "u1", "first_seen": 1, "first_solved": None},
         {"uid": "u2", "first_seen": 1, "first_solved": 4},
         {"uid": "u5", "first_seen": 2, "first_solved": 4},
         {"uid": "u7", "first_seen": 2, "first_solved": None},
     ]
-    assert (ledger["first_unsolved"], ledger["later_solved"], ledger["fraction"]) == (4, 2, 0.5)
 
 
 def test_accuracy_bins_hand_computed(tmp_path):
-    run = _record_history(tmp_path / "r")
+    run = Run(_record_history(tmp_path / "r"))
     # step 1, generated: u1 0, u2 0, u3 2, u4 4, u8 1 (u7 is x3: excluded)
-    assert accuracy_bins(run, 1) == [2, 1, 1, 0, 1]
-    # step 4: u2 2 (x2), u5 1, u1 0 (reeval), u3 3; u4 is x3: excluded
-    assert accuracy_bins(run, 4) == [1, 1, 1, 1, 0]
-    assert accuracy_bins(run, 99) == []
+    assert run.accuracy_bins(1) == [2, 1, 1, 0, 1]
+    # step 4: u2 2 (x2), u5 1, u1 0 (not promoted), u3 3; u4 is x3: excluded
+    assert run.accuracy_bins(4) == [1, 1, 1, 1, 0]
+    assert run.accuracy_bins(99) == [0] * 5
     # the stored per-step bins count fresh groups only (kept + filtered), as in SPEC section 5
-    assert read_steps(run)[0]["bins"] == [2, 1, 1, 0, 1]
-    assert read_steps(run)[2]["bins"] is None  # step 3 generated no fresh groups
+    assert run.step_records()[0]["bins"] == [2, 1, 1, 0, 1]
+    assert run.step_records()[2]["bins"] is None  # step 3 generated no fresh groups
 
 
 def test_migration_matrix_hand_computed(tmp_path):
-    run = _record_history(tmp_path / "r")
-    m = migration_matrix(run, 1, 4)
+    run = Run(_record_history(tmp_path / "r"))
+    hist_a, hist_b, m = run.migration(1, 4)
     # generated at both steps: u1 0->0, u2 0->2, u3 2->3. (u4 only replayed at 4; u5, u8 at one step only)
     expected = [[0] * 5 for _ in range(5)]
     expected[0][0] = expected[0][2] = expected[2][3] = 1
     assert m == expected
-    assert sum(map(sum, m)) == 3
-    assert sum(map(sum, migration_matrix(run, 1, 2))) == 1  # u8 (u3 and u7 only replayed at one of them)
+    assert (hist_a, hist_b) == (run.accuracy_bins(1), run.accuracy_bins(4))
+    assert sum(map(sum, run.migration(1, 2)[2])) == 1  # u8 (u3 and u7 only replayed at one of them)
+
+
+def test_migration_windows_hand_computed(tmp_path):
+    run = Run(_record_history(tmp_path / "r"))
+    hist_a, hist_b, m = run.migration(2, 4, window=True)
+    # latest generated result up to step 2: u1 0, u2 0, u3 2, u4 4, u5 0, u7 0, u8 0 (step 2 overrides its 1)
+    assert hist_a == [5, 0, 1, 0, 1]
+    # up to step 4: u1 0 (step 4), u2 2 (x2 at 4, not the x3 replay at 3), u3 3, u4 4, u5 1, u7 0, u8 0
+    assert hist_b == [3, 1, 1, 1, 1]
+    # generated up to 2 and again in (2, 4]: u1 0->0, u2 0->2, u3 2->3, u5 0->1
+    expected = [[0] * 5 for _ in range(5)]
+    expected[0][0] = expected[0][2] = expected[2][3] = expected[0][1] = 1
+    assert m == expected
+
+
+def test_a_prompt_generated_twice_at_one_step_counts_once_by_its_fresh_group(tmp_path):
+    rec = RunRecord.create(tmp_path / "r", CONFIG)
+    rec.log_step(1, {}, groups=[("a", 3, 4, X1), ("a", 0, 4, NOT_PROMOTED), ("b", 0, 4, X2), ("b", 1, 4, FILTERED)])
+    rec.log_step(2, {}, groups=[("a", 1, 4, X2), ("b", 2, 4, X1)])
+    rec.close()
+    run = Run(tmp_path / "r")
+    assert run.accuracy_bins(1) == [0, 1, 0, 1, 0]  # a by its 3/4, b by its 1/4
+    assert run.migration(1, 2)[2][3][1] == 1 and run.migration(1, 2)[2][1][2] == 1
+    assert run.ledger().empty  # a was 3/4 and b 1/4 at their first step: neither was 0/G on every group
 
 
 def test_summary(tmp_path):
     run = read_run(_record_history(tmp_path / "r"))
     s = run["summary"]
+    assert s == Run(tmp_path / "r").summary()
     assert s["n_steps"] == 5 and s["last_step"] == 5 and s["rollouts"] == 80
     assert math.isclose(s["fresh_reward_first"], 0.1) and math.isclose(s["fresh_reward_last"], 0.5)
     assert (s["steps_with_x2"], s["steps_with_x3"]) == (1, 5)
@@ -289,3 +319,115 @@ def test_verifier_version_history_across_resumes(tmp_path):
     rec.set_verifier("math-1.2", 16)  # steps 16.. are trained again: math-1.1 judged none of the kept steps
     rec.close()
     assert json.loads(read_run(tmp_path / "r")["meta"]["verifier_versions"]) == [["math-1.0", 1], ["math-1.2", 16]]
+
+
+# ----------------------------------------------------------------------------- version 1 records
+
+V1_NAMES = {X1: "fresh", NOT_PROMOTED: "reeval"}  # what version 1 called them; the other subsets kept their names
+
+
+def _v1_record(run_dir):
+    """A version 1 record written by hand, as bapo-vl wrote them before the subset vocabulary changed: HISTORY with
+    the old subset names, the old metric keys, and samples named `fresh` for kept and filtered groups alike."""
+    run_dir.mkdir(parents=True)
+    conn = sqlite3.connect(run_dir / R.DB_NAME)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.executescript(R.SCHEMA)  # version 1 had the same tables, but for two columns; and other subset names
+    for col in R.V1_NEW_COLUMNS:
+        conn.execute(f"ALTER TABLE steps DROP COLUMN {col}")
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "1"), ("name", "old"),
+                                                       ("status", "finished"), ("created_at", "2025-01-01T00:00:00")])
+    conn.execute("INSERT INTO config VALUES (?)", (json.dumps(CONFIG),))
+    for step, groups in HISTORY.items():
+        metrics = {"x2": int(step == 4), "rollouts": 16, "rollouts_fresh": 8, "rollouts_reeval": 8,
+                   "reeval_reward": 1 / 3, "fresh_reward": 0.1 * step, "per_len": [1, 2], "pg_loss": 0.5 * step,
+                   "grad_norm": 2.0}
+        conn.execute("INSERT INTO steps (step, time, metrics, bins, x2, rollouts, fresh_reward) VALUES (?, ?, ?, ?, "
+                     "?, ?, ?)", (step, float(step), json.dumps(metrics), "null", metrics["x2"], 16, 0.1 * step))
+        conn.executemany("INSERT INTO prompt_steps VALUES (?, ?, ?, ?, ?)",
+                         [(step, u, c, g, V1_NAMES.get(s, s)) for u, c, g, s in groups])
+    # u3 was kept and u2 filtered at step 1, both sampled as `fresh`; u9 has a sample but no group row
+    conn.executemany("INSERT INTO samples VALUES (?, ?, ?, ?, ?, ?, ?)",
+                     [(1, "u3", "fresh", 0, "r", 1.0, "correct"), (1, "u2", "fresh", 0, "r", 0.0, "wrong"),
+                      (4, "u2", "x2", 0, "r", 1.0, "correct"), (4, "u9", "fresh", 0, "r", 0.0, "wrong")])
+    conn.commit()
+    conn.close()
+    return run_dir
+
+
+def test_readers_refuse_a_v1_record_and_say_how_to_upgrade(tmp_path, capsys):
+    run_dir = _v1_record(tmp_path / "runs" / "old")
+    for read in (read_run, Run, lambda d: query_ro(d, "SELECT * FROM steps")):
+        with pytest.raises(R.RecordVersionError, match=r"run\.db is a run record of schema version 1.*"
+                                                       r"bapo runs upgrade .*old"):
+            read(run_dir)
+    with pytest.raises(R.RecordVersionError):
+        cmd_runs_show(str(run_dir))
+    assert main(["runs", "show", str(run_dir)]) == 2  # bapo's main prints the message
+    assert f"bapo runs upgrade {run_dir}" in capsys.readouterr().err
+    assert cmd_runs_list(str(tmp_path / "runs")) == 0  # still listed, with what to do
+    assert "bapo runs upgrade" in capsys.readouterr().out.replace("\n", " ").replace("│", " ")
+
+
+def test_upgrade_rewrites_a_v1_record_in_place(tmp_path, capsys):
+    run_dir = _v1_record(tmp_path / "runs" / "old")
+    assert cmd_runs_upgrade("old", root=str(tmp_path / "runs")) == 0
+    assert "from schema version 1 to 2" in capsys.readouterr().out
+    new = Run(_record_history(tmp_path / "new"))  # the same history written with today's names
+    rows = lambda d: sorted(tuple(r) for r in query_ro(d, "SELECT step, uid, correct, G, subset FROM prompt_steps"))
+    assert rows(run_dir) == rows(tmp_path / "new")
+    samples = [tuple(r) for r in query_ro(run_dir, "SELECT step, uid, subset FROM samples ORDER BY rowid")]
+    assert samples == [(1, "u3", X1), (1, "u2", FILTERED), (4, "u2", X2), (4, "u9", X1)]
+    run = Run(run_dir)
+    for s in run.step_records():
+        assert "rollouts_reeval" not in s and "reeval_reward" not in s
+        assert s["rollouts_reevaluated"] == 8 and s["reevaluated_reward"] == 1 / 3  # exactly: no float rounding
+        assert s["rollouts_fresh"] == 8 and s["per_len"] == [1, 2]  # the rest untouched
+    assert run.steps()["rollouts_reevaluated"].tolist() == [8] * 5
+    assert run.steps()["pg_loss"].tolist() == [0.5 * t for t in HISTORY]  # v1 kept it in the JSON only
+    assert run.steps()["grad_norm"].tolist() == [2.0] * 5
+    meta = run.meta()
+    assert meta["schema_version"] == str(R.SCHEMA_VERSION) and "upgraded_at" in meta
+    assert run.ledger().equals(new.ledger())
+    assert [run.accuracy_bins(t) for t in HISTORY] == [new.accuracy_bins(t) for t in HISTORY]
+    # a second upgrade has nothing to do
+    assert not R.upgrade(run_dir)
+    assert cmd_runs_upgrade(str(run_dir)) == 0
+    assert "nothing to do" in capsys.readouterr().out
+
+
+def test_upgrade_is_one_transaction(tmp_path, monkeypatch):
+    run_dir = _v1_record(tmp_path / "old")
+    before = [tuple(r) for r in sqlite3.connect(run_dir / R.DB_NAME).execute("SELECT * FROM prompt_steps")]
+
+    def fail():  # _now is called last, for meta upgraded_at: everything else was already rewritten
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(R, "_now", fail)
+    with pytest.raises(RuntimeError, match="disk full"):
+        R.upgrade(run_dir)
+    conn = sqlite3.connect(run_dir / R.DB_NAME)
+    assert [tuple(r) for r in conn.execute("SELECT * FROM prompt_steps")] == before
+    assert conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0] == "1"
+    assert conn.execute("SELECT COUNT(*) FROM steps WHERE metrics LIKE '%rollouts_reeval\"%'").fetchone()[0] == 5
+    conn.close()
+
+
+def test_the_writer_upgrades_a_v1_record_it_opens(tmp_path):
+    run_dir = _v1_record(tmp_path / "old")
+    rec = RunRecord.open(run_dir)  # e.g. a resumed run, or `bapo eval --run`
+    rec.log_step(6, {"rollouts_reevaluated": 0}, groups=[("u1", 2, 4, X1)])
+    rec.close()
+    run = Run(run_dir)
+    assert [s["step"] for s in run.step_records()] == [1, 2, 3, 4, 5, 6]
+    assert Run(run_dir).ledger().set_index("uid").loc["u1", "first_solved"] == 6
+
+
+def test_a_newer_record_is_refused(tmp_path):
+    rec = RunRecord.create(tmp_path / "r", CONFIG)
+    rec.conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(R.SCHEMA_VERSION + 1),))
+    rec.conn.commit()
+    rec.close()
+    for fn in (R.upgrade, RunRecord.open, Run):
+        with pytest.raises(R.RecordVersionError, match="newer than this bapo-vl"):
+            fn(tmp_path / "r")

@@ -4,14 +4,18 @@ data conversion of the three tasks; and the SAME bapo_vl.trainer.Trainer driving
 Only verl's GPU workers are replaced, by stand-ins honouring their interfaces with real tensors from a tiny real
 Qwen2 (bapo_vl.tiny) on CPU: the rollout manager (generate_sequences(DataProto) -> DataProto with prompts /
 responses / response_mask / input_ids / attention_mask / position_ids / rollout_log_probs), the FSDP actor
-(update_actor(DataProto): a real PPO step with our losses; save/restore_model_to_cpu as DetachActorWorker) and the
-checkpoint engine manager (update_weights copies the actor's weights into the engine).
+(update_actor(DataProto): real PPO mini-batch steps with verl's own policy loss, agg_loss and kl_penalty, configured
+by verl's ActorConfig composed from our Config, metrics named and renamed as verl's actor path does;
+save/restore_model_to_cpu as DetachActorWorker; a reference policy) and the checkpoint engine manager (update_weights
+copies the actor's weights into the engine).
 
 Rewards: the `scheduled` verifier below rewards by a seeded schedule per problem and call count, independent of the
 sampled text, so two trainers that call the verifier in the same order see identical rewards (what "identical
 rewards and seeds" means for two backends whose samplers differ).
 """
 import copy
+import functools
+import math
 import random
 from pathlib import Path
 
@@ -19,12 +23,13 @@ import numpy as np
 import pytest
 import torch
 
+from bapo_vl.backends.base import UPDATE_METRICS, Response, UpdateBatch
 from bapo_vl.backends.embedded import EmbeddedBackend
-from bapo_vl.backends.verl_backend import (ALPHA, VerlBackend, VerlConfigError, object_array, trainable_groups,
-                                           validate_verl_config)
+from bapo_vl.backends.verl_backend import (ALPHA, VERL_METRICS, VerlBackend, VerlConfigError, object_array,
+                                           trainable_groups, validate_verl_config)
 from bapo_vl.backends import verl_data
 from bapo_vl.config import load_config
-from bapo_vl.losses import LossConfig, grpo_advantages, total_loss
+from bapo_vl.losses import grpo_advantages
 from bapo_vl.plugins import get_task
 from bapo_vl.problem import Problem, Verdict
 from bapo_vl.tiny import build_qwen2
@@ -201,33 +206,134 @@ class StandInRollout:
             non_tensors=dict(batch.non_tensor_batch), meta_info={"timing": {}})
 
 
-class StandInActor:
-    """FSDP actor: update_actor = a real PPO step with our loss; DetachActorWorker's CPU snapshots; checkpoints."""
+@functools.cache
+def _verl_base_config():
+    """verl's ppo_trainer config with the `verl:` part of our verl_countdown preset (how verl runs: strategy,
+    micro-batch size, engine), composed by Hydra as verl_main.load_configs does."""
+    import yaml
+    from hydra import compose, initialize_config_dir
 
-    def __init__(self, policy, cfg, dp_size):
+    import verl
+
+    preset = yaml.safe_load((ROOT / "bapo_vl" / "presets" / "verl_countdown.yaml").read_text())
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[f"{k}={v}" for k, v in preset["verl"].items()])
+
+
+def verl_config(cfg):
+    """verl's config for our Config `cfg`, as verl_main.load_configs writes it: every derived setting in place."""
+    from omegaconf import OmegaConf
+
+    from bapo_vl.backends.verl_main import derived_settings
+
+    vcfg = copy.deepcopy(_verl_base_config())
+    OmegaConf.set_struct(vcfg, False)
+    for key, (_, value) in derived_settings(cfg).items():
+        OmegaConf.update(vcfg, key, value, merge=False)
+    return vcfg
+
+
+class StandInActor:
+    """verl's actor side as VerlBackend calls it (verl_main.RayTrainerActor: RayPPOTrainer._update_actor over the
+    engine worker's update_actor), on CPU, configured by verl's own ActorConfig composed from our Config:
+
+      update_actor  per mini-batch of ppo_mini_batch_size * rollout.n sequences (one micro-batch each, ppo_epochs
+                    times): what verl.workers.utils.losses.ppo_loss computes, with verl's own policy-loss function,
+                    agg_loss and kl_penalty; gradient clip at optim.clip_grad (what verl's FSDP engine clips with);
+                    optimizer step. Its metrics take verl's path: the worker's dict (the policy loss's own actor/...
+                    names, actor/pg_loss, actor/entropy_loss, kl_loss, kl_coef, loss, grad_norm, lr on the last
+                    mini-batch, mfu) -> append_to_dict over mini-batches (engine_workers.update_actor) ->
+                    rename_dict(..., "actor/") and perf/mfu/actor (RayPPOTrainer._update_actor).
+      DetachActorWorker's CPU snapshots, compute_ref_log_prob (a frozen copy of the initial weights), checkpoints."""
+
+    def __init__(self, policy, cfg, dp_size, mini_batch_size=None):
+        from verl.utils.config import omega_conf_to_dataclass
+
         self.policy, self.cfg, self.dp_size = policy, cfg, dp_size
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-        self.loss_cfg = LossConfig(name=cfg.loss, clip_low=cfg.clip_low, clip_high=cfg.clip_high, agg=cfg.loss_agg,
-                                   kl_coef=0.0, entropy_coef=0.0)
-        self.cpu_saved, self.batches = {}, []
+        self.vcfg = verl_config(cfg)
+        self.config = omega_conf_to_dataclass(self.vcfg.actor_rollout_ref.actor)
+        self.mini_batch_size = mini_batch_size or self.config.ppo_mini_batch_size  # prompts per optimizer step
+        self.ref = copy.deepcopy(policy).eval() if self.config.use_kl_loss else None
+        optim = self.config.optim
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
+                                           betas=tuple(optim.betas))
+        self.cpu_saved, self.batches, self.metrics = {}, [], []
 
     def update_actor(self, batch: DataProto) -> DataProto:
+        from verl.utils.py_functional import append_to_dict, rename_dict
+
         assert len(batch) % self.dp_size == 0, "DP dispatch splits the batch evenly over the ranks"
         self.batches.append(batch)
-        b = batch.batch
-        logp = self.logprobs(self.policy, batch)
+        a = self.config
+        calculate_entropy = a.calculate_entropy or a.entropy_coeff != 0.0  # as RayPPOTrainer._update_actor
+        minis = [m for _ in range(a.ppo_epochs)
+                 for m in batch.split(self.mini_batch_size * self.vcfg.actor_rollout_ref.rollout.n)]
+        worker: dict = {}
+        for i, mini in enumerate(minis):
+            append_to_dict(worker, self.train_batch(mini, calculate_entropy, last=i == len(minis) - 1))
+        metrics = rename_dict(worker, "actor/")  # RayPPOTrainer._update_actor, from here on verbatim
+        metrics["perf/mfu/actor"] = metrics.pop("actor/mfu")
+        self.metrics.append(metrics)
+        return DataProto.from_single_dict(data={}, meta_info={"metrics": metrics})
+
+    def train_batch(self, mini: DataProto, calculate_entropy: bool, last: bool) -> dict:
+        """One optimizer step; the worker-level metrics of verl's ppo_loss + _postprocess_output (plain floats:
+        one micro-batch, so verl's Metric aggregation is the value itself)."""
+        from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn, kl_penalty
+
+        a, b = self.config, mini.batch
+        mask = b["response_mask"].bool()
+        logp, entropy = self.forward(self.policy, mini, with_entropy=calculate_entropy)
+        pg_loss, pg_metrics = get_policy_loss_fn(a.policy_loss.loss_mode)(
+            old_log_prob=b["old_log_probs"], log_prob=logp, advantages=b["advantages"], response_mask=mask,
+            loss_agg_mode=a.loss_agg_mode, config=a, rollout_is_weights=b.get("rollout_is_weights", None))
+        metrics = {k: float(v) for k, v in pg_metrics.items()} | {"actor/pg_loss": pg_loss.item()}
+        loss = pg_loss
+        if entropy is not None:
+            entropy_loss = agg_loss(loss_mat=entropy, loss_mask=mask, loss_agg_mode=a.loss_agg_mode)
+            loss = loss - a.entropy_coeff * entropy_loss
+            metrics["actor/entropy_loss"] = entropy_loss.item()
+        if a.use_kl_loss:
+            kld = kl_penalty(logprob=logp, ref_logprob=b["ref_log_prob"], kl_penalty=a.kl_loss_type)
+            kl_loss = agg_loss(loss_mat=kld, loss_mask=mask, loss_agg_mode=a.loss_agg_mode)
+            loss = loss + kl_loss * a.kl_loss_coef
+            metrics["kl_loss"], metrics["kl_coef"] = kl_loss.item(), a.kl_loss_coef
         self.optimizer.zero_grad()
-        loss, metrics = total_loss(logp, b["old_log_probs"], b["advantages"], b["response_mask"].float(),
-                                   self.loss_cfg, n_tokens=int(b["response_mask"].sum()), n_seqs=len(batch))
         loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), a.optim.clip_grad)
         self.optimizer.step()
-        return DataProto(meta_info={"metrics": {"actor/pg_loss": [metrics["pg_loss"]]}})
+        metrics["loss"], metrics["grad_norm"] = loss.item(), grad_norm.item()
+        if last:  # the engine steps its lr scheduler after the last mini-batch and reports that lr
+            metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["mfu"] = 0.0  # no flops counter on CPU; RayPPOTrainer._update_actor pops the key, so it must be there
+        return metrics
+
+    @torch.no_grad()
+    def compute_ref_log_prob(self, batch: DataProto) -> DataProto:
+        """RayPPOTrainer._compute_ref_log_prob: ref_log_prob (float) under the reference policy."""
+        return DataProto.from_dict(tensors={"ref_log_prob": self.logprobs(self.ref, batch).float()})
 
     @staticmethod
-    def logprobs(model, batch: DataProto):
+    def response_logits(model, batch: DataProto):
+        """(N, R, V) logits of the response tokens at the batch's temperature, as verl's actor scales them."""
         b = batch.batch
-        return _token_logprobs(model, b["input_ids"], b["attention_mask"], b["position_ids"], b["responses"].shape[1],
-                               batch.meta_info["temperature"])
+        logits = model(input_ids=b["input_ids"], attention_mask=b["attention_mask"],
+                       position_ids=b["position_ids"]).logits
+        return logits[:, -b["responses"].shape[1] - 1:-1].float() / batch.meta_info["temperature"]
+
+    @classmethod
+    def forward(cls, model, batch: DataProto, with_entropy=False):
+        """(log-probs of the response tokens, their entropy or None), each (N, R)."""
+        from verl.utils.torch_functional import entropy_from_logits
+
+        logits = cls.response_logits(model, batch)
+        ids = batch.batch["input_ids"][:, -logits.shape[1]:]
+        logp = torch.log_softmax(logits, -1).gather(-1, ids.unsqueeze(-1)).squeeze(-1)
+        return logp, entropy_from_logits(logits) if with_entropy else None
+
+    @classmethod
+    def logprobs(cls, model, batch: DataProto):
+        return cls.forward(model, batch)[0]
 
     def save_model_to_cpu(self, n):
         self.cpu_saved[n] = copy.deepcopy(self.policy.state_dict())
@@ -267,6 +373,9 @@ class ScheduledTask:
         self.problems = [Problem(f"s-{i}", [{"role": "user", "content": f"q{i}"}], i) for i in range(n)]
         self.calls = {}
 
+    def load(self, split="train", **options):  # what bapo_vl.train.train asks of a task
+        return self.problems
+
     def verify(self, text, answer):
         k = self.calls.get(answer, 0)
         self.calls[answer] = k + 1
@@ -300,7 +409,7 @@ def make_verl(cfg, dp_size=2, num_workers=4, mini_batch_size=None):
     tok = AutoTokenizer.from_pretrained(cfg.model)
     policy = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).eval()
     engine = copy.deepcopy(policy)
-    actor = StandInActor(policy, cfg, dp_size)
+    actor = StandInActor(policy, cfg, dp_size, mini_batch_size)
     rollout = StandInRollout(engine, tok, cfg.max_prompt_length, cfg.max_response_length, num_workers,
                              cfg.temperature, cfg.seed)
     ckpt = StandInCheckpointManager(actor, engine)
@@ -390,7 +499,7 @@ def test_behaviour_logprobs_are_the_engines(runs, model_dir):
 
 
 def test_sync_schedule_and_reevaluation_dance(runs):
-    out, _, _, backend = runs
+    out, _, ver, backend = runs
     v, m = BAPO["delay"], BAPO["reeval_every"]
     for t, (calls, r) in enumerate(zip(out["calls_per_step"], out["ver"]), 1):
         kinds = [c[0] for c in calls]
@@ -398,7 +507,14 @@ def test_sync_schedule_and_reevaluation_dance(runs):
         if r.reevaluated and t % v != 0:  # at t % v == 0 the engine was just synced: it already holds pi_theta
             expect += ["reeval_sync", "reeval_restore"]
         assert kinds == expect, f"step {t}: {calls}"
+        # weight pushes are tagged with the last training step the backend saw (verl's global_steps)
+        assert all(step == t - 1 for _, step in calls), f"step {t}: {calls}"
         assert (t % m == 0) or not r.reevaluated
+    assert backend.checkpoint_manager.steps == [step for _, step in backend.calls]
+    # versions are the trainer's: the backend only knows whether the actor moved since alpha was pushed
+    assert not hasattr(backend, "updates") and not hasattr(backend, "alpha_version")
+    # synced at step 6, trained at 6 and 7
+    assert backend.step == T and backend.alpha_stale and ver.rollout_version != ver.updates
     assert all(out["alpha_ok"])
     assert any(r.reevaluated for r in out["ver"])
     # every batch sent to the engine was padded to the divisor
@@ -441,10 +557,184 @@ def test_batch_trimmed_for_data_parallel(model_dir):
             assert len(backend.actor.batches[-1]) == keep * G
 
 
-def test_verl_main_imports():
-    import bapo_vl.backends.verl_main as vm
+def test_derived_settings_write_entropy_log_probs_clip_and_lr_into_verls_config():
+    """What verl's actor is told to compute and optimise comes from our Config: behaviour log-probs from the rollout,
+    the entropy of pi_theta (the record's entropy column, even with entropy_coef == 0), our clip range and lr."""
+    from verl.utils.config import omega_conf_to_dataclass
 
-    assert callable(vm.main) and callable(vm.build_verl_workers)
+    from bapo_vl.backends.verl_main import derived_settings, load_configs
+
+    preset = str(ROOT / "bapo_vl" / "presets" / "verl_countdown.yaml")
+    cfg, vcfg = load_configs(preset, ["bapo.clip_low=0.15", "bapo.clip_high=0.3", "bapo.lr=2e-6",
+                                      "bapo.weight_decay=0.05", "bapo.entropy_coef=0.0"])
+    derived = derived_settings(cfg)
+    a, r = vcfg.actor_rollout_ref.actor, vcfg.actor_rollout_ref.rollout
+    assert derived["actor_rollout_ref.actor.calculate_entropy"][1] is True and a.calculate_entropy is True
+    assert derived["actor_rollout_ref.rollout.calculate_log_probs"][1] is True and r.calculate_log_probs is True
+    assert (a.clip_ratio_low, a.clip_ratio_high, a.optim.lr, a.optim.weight_decay) == (0.15, 0.3, 2e-6, 0.05)
+    actor = omega_conf_to_dataclass(a)  # as verl's worker reads it
+    assert (actor.clip_ratio_low, actor.clip_ratio_high, actor.optim.lr, actor.optim.weight_decay) == \
+        (0.15, 0.3, 2e-6, 0.05)
+    # RayPPOTrainer._update_actor asks the worker for entropy when calculate_entropy or entropy_coeff != 0
+    assert actor.entropy_coeff == 0.0 and (actor.calculate_entropy or actor.entropy_coeff != 0.0)
+    with pytest.raises(ValueError, match="fixed by BAPO"):
+        load_configs(preset, ["verl.actor_rollout_ref.actor.calculate_entropy=false"])
+
+
+def test_grad_clip_reaches_the_clip_verls_engine_uses():
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from bapo_vl.backends.verl_main import load_configs
+
+    _, vcfg = load_configs(str(ROOT / "bapo_vl" / "presets" / "verl_countdown.yaml"), ["bapo.grad_clip=0.5"])
+    # engine_workers.ActorRolloutRefWorker builds its optimizer from actor_config.optim (optimizer_config=...optim)
+    assert omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor).optim.clip_grad == 0.5
+
+
+def test_ray_trainer_actor_forwards_to_verls_trainer_and_worker_group(model_dir):
+    """verl_main.RayTrainerActor (the `actor` VerlBackend gets on GPUs) hands each call to RayPPOTrainer's helper or
+    the DetachActorWorker group, with arguments that bind to verl's real signatures."""
+    import inspect
+    from types import SimpleNamespace
+
+    from verl.experimental.separation.engine_workers import DetachActorWorker
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+
+    from bapo_vl.backends.verl_main import RayTrainerActor
+
+    calls = []
+
+    class WorkerGroup:  # RayWorkerGroup: the workers' registered methods by name
+        def __getattr__(self, method):
+            return lambda *args, **kwargs: calls.append(("wg", method, args, kwargs))
+
+    class FakeRayPPOTrainer:
+        actor_rollout_wg = WorkerGroup()
+
+        def _update_actor(self, batch):
+            calls.append(("trainer", "_update_actor", (batch,), {}))
+            return "actor output"
+
+        def _compute_old_log_prob(self, batch):
+            calls.append(("trainer", "_compute_old_log_prob", (batch,), {}))
+            return "old log-probs", "mfu"
+
+        def _compute_ref_log_prob(self, batch):
+            calls.append(("trainer", "_compute_ref_log_prob", (batch,), {}))
+            return "ref log-probs"
+
+    actor = RayTrainerActor(FakeRayPPOTrainer())
+    batch = DataProto.from_dict(tensors={"input_ids": torch.zeros(2, 3, dtype=torch.long)})
+    assert actor.update_actor(batch) == "actor output"
+    assert actor.compute_log_prob(batch) == "old log-probs"  # the DataProto, not (DataProto, mfu)
+    assert actor.compute_ref_log_prob(batch) == "ref log-probs"
+    actor.save_model_to_cpu(ALPHA)
+    actor.restore_model_from_cpu(ALPHA)
+    actor.clear_cpu_model(ALPHA)
+    actor.save_checkpoint("/ck/step_4/actor", global_step=4)
+    actor.load_checkpoint("/ck/step_4/actor")
+    # VerlBackend with X2 and delay > 1 accepts it as a snapshotting actor and snapshots alpha at once
+    tok = SimpleNamespace(pad_token_id=0, eos_token_id=1)
+    VerlBackend(make_cfg(model_dir), None, actor, None, tok, task_name="scheduled")
+
+    bound = []
+    for side, method, args, kwargs in calls:
+        cls = RayPPOTrainer if side == "trainer" else DetachActorWorker
+        arguments = inspect.signature(getattr(cls, method)).bind(None, *args, **kwargs).arguments
+        bound.append((method, {k: v for k, v in arguments.items() if k != "self"}))
+    assert bound == [
+        ("_update_actor", {"batch": batch}),
+        ("_compute_old_log_prob", {"batch": batch}),
+        ("_compute_ref_log_prob", {"batch": batch}),
+        ("save_model_to_cpu", {"n": ALPHA}),
+        ("restore_model_from_cpu", {"n": ALPHA}),
+        ("clear_cpu_model", {"n": ALPHA}),
+        ("save_checkpoint", {"local_path": "/ck/step_4/actor", "hdfs_path": None, "global_step": 4,
+                             "max_ckpt_to_keep": None}),
+        ("load_checkpoint", {"local_path": "/ck/step_4/actor", "hdfs_path": None, "del_local_after_load": False}),
+        ("save_model_to_cpu", {"n": ALPHA}),
+    ]
+    assert all(args[0] is batch for side, _, args, _ in calls if side == "trainer")
+
+
+# --- the record's metric names from verl's -------------------------------------------------------------------------
+
+# The record's column <- the name verl's actor path reports it under (written out here, not read from VERL_METRICS)
+RECORD_FROM_VERL = {"loss": "actor/loss", "pg_loss": "actor/pg_loss", "kl": "actor/kl_loss",
+                    "entropy": "actor/entropy_loss", "clip_frac": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm"}
+
+
+def test_stand_in_actor_metrics_have_verls_names(runs):
+    """What the stand-in's update_actor returns has the keys verl's actor path returns (see StandInActor); the keys
+    it writes itself are those verl's own code writes (ppo_loss, the engine worker's _postprocess_output)."""
+    import inspect
+
+    from verl.workers.engine_workers import TrainingWorker
+    from verl.workers.utils.losses import ppo_loss
+
+    assert set(RECORD_FROM_VERL) == set(UPDATE_METRICS) == set(VERL_METRICS)
+    assert all(RECORD_FROM_VERL[k] in VERL_METRICS[k] for k in UPDATE_METRICS)
+    source = inspect.getsource(ppo_loss)
+    for key in ("actor/pg_loss", "actor/entropy_loss", "kl_loss", "kl_coef"):
+        assert f'metrics["{key}"]' in source, key
+    source = inspect.getsource(TrainingWorker._postprocess_output)
+    for key in ("loss", "grad_norm", "lr", "mfu"):
+        assert f'final_metrics["{key}"]' in source, key
+    _, _, _, backend = runs
+    assert len(backend.actor.metrics) == T
+    for m in backend.actor.metrics:
+        assert {"actor/pg_loss", "actor/pg_clipfrac", "actor/ppo_kl", "actor/pg_clipfrac_lower", "actor/entropy_loss",
+                "actor/loss", "actor/grad_norm", "actor/lr", "perf/mfu/actor"} <= set(m)
+        assert not any(k.startswith("actor/actor/") for k in m) and "actor/kl_loss" not in m  # kl_coef == 0
+        assert len(m["actor/loss"]) == len(m["actor/grad_norm"]) >= 1 and len(m["actor/lr"]) == 1
+
+
+def test_update_metrics_reach_the_run_record(model_dir, tmp_path, monkeypatch):
+    """bapo_vl.train.train over VerlBackend: every step that trained a group has the record's update metrics
+    (base.UPDATE_METRICS) as finite numbers, each the value verl's actor reported under its own name."""
+    from bapo_vl import train as train_module
+    from bapo_vl.record import read_run
+
+    cfg = make_cfg(model_dir, steps=3, run_dir=tmp_path, name="verl-run")
+    task = ScheduledTask()
+    monkeypatch.setattr(train_module, "get_task", lambda *args, **kwargs: task)
+    backend = make_verl(cfg)
+    run_dir = train_module.train(cfg, quiet=True, backend=backend)
+    run = read_run(run_dir)
+    assert run["meta"]["backend"] == "verl"
+    steps = run["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    trained = [s for s in steps if s["trained_groups"] > s.get("trimmed_groups", 0)]
+    assert trained and len(trained) == len(backend.actor.metrics)
+    for s, verl_metrics in zip(trained, backend.actor.metrics):
+        for key in UPDATE_METRICS:
+            assert isinstance(s.get(key), float) and math.isfinite(s[key]), (s["step"], key, s.get(key))
+        for key, name in RECORD_FROM_VERL.items():  # the record's column is verl's number
+            if key == "kl":  # kl_coef == 0: no reference policy, no KL term, kl is 0.0 (as on the embedded backend)
+                assert name not in verl_metrics and name not in s and s[key] == 0.0
+                continue
+            expect = float(np.mean(verl_metrics[name]))
+            assert s[key] == pytest.approx(expect, rel=1e-12) and s[name] == s[key], (s["step"], key)
+        assert s["entropy"] > 0 and s["grad_norm"] > 0  # computed from the model, not placeholders
+        assert s["actor/lr"] == cfg.lr
+
+
+def test_kl_term_reaches_the_record_columns(model_dir):
+    """With kl_coef > 0 the update batch carries the reference log-probs and the record's kl is verl's kl_loss."""
+    cfg = make_cfg(model_dir, kl_coef=0.05, use_x2="false")
+    task = ScheduledTask()
+    backend = make_verl(cfg)
+    ref = weights(backend.actor.ref)
+    tr = Trainer(cfg, backend, task, task.problems)
+    results = [tr.step(t) for t in range(1, 4)]
+    assert len(backend.actor.batches) == 3 and all("ref_log_prob" in b.batch.keys() for b in backend.actor.batches)
+    for r in results:
+        m = r.metrics
+        assert m["actor/kl_coef"] == 0.05 and m["kl"] == m[RECORD_FROM_VERL["kl"]]
+        assert all(math.isfinite(m[k]) for k in UPDATE_METRICS)
+    # the first update starts at the reference weights; later ones have moved away from it
+    assert abs(results[0].metrics["kl"]) < 1e-6 and all(r.metrics["kl"] > 0 for r in results[1:])
+    assert same(backend.actor.ref, ref)
 
 
 @pytest.mark.parametrize("task", ["math", "countdown", "geometry3k"])
@@ -552,9 +842,12 @@ def test_vl_update_batch_positions_match_the_models_own(tmp_path):
     enc = [backend.encode(p) for p in (first, other)]
     assert len(enc[0]["input_ids"]) != len(enc[1]["input_ids"])
     responses = [[tok.convert_tokens_to_ids(c) for c in "<answer>B"], [tok.convert_tokens_to_ids(c) for c in "A"]]
-    seqs = [{"prompt": e, "tokens": r, "logprobs": [-0.5] * len(r), "advantage": 1.0, "group": i}
-            for i, (e, r) in enumerate(zip(enc, responses))]
-    batch = backend.sequences_to_dataproto(seqs)
+    update = UpdateBatch(prompts=tuple(enc),
+                         responses=tuple((Response(tuple(r), (-0.5,) * len(r)),) for r in responses),
+                         rewards=((1.0,), (0.0,)), advantages=((1.0,), (-1.0,)), step=7)
+    batch = backend.batch_to_dataproto(update)
+    assert batch.meta_info["global_steps"] == 7
+    assert batch.batch["advantages"][:, 0].tolist() == [1.0, -1.0]
     pos, ids, mask = batch.batch["position_ids"], batch.batch["input_ids"], batch.batch["attention_mask"]
     assert pos.shape == (2, 4, ids.shape[1])
     mm = batch.non_tensor_batch["multi_modal_inputs"]
@@ -637,7 +930,7 @@ class VLStandInActor(StandInActor):
     multi_modal_inputs (pixel_values, image_grid_thw) exactly as verl's actor feeds them to the model."""
 
     @staticmethod
-    def logprobs(model, batch: DataProto):
+    def response_logits(model, batch: DataProto):
         b, mm = batch.batch, batch.non_tensor_batch["multi_modal_inputs"]
         R = b["responses"].shape[1]
         rows = []
@@ -645,8 +938,7 @@ class VLStandInActor(StandInActor):
             logits = model(input_ids=b["input_ids"][i:i + 1], attention_mask=b["attention_mask"][i:i + 1],
                            position_ids=b["position_ids"][i:i + 1].transpose(0, 1),
                            pixel_values=mm[i]["pixel_values"], image_grid_thw=mm[i]["image_grid_thw"]).logits
-            logits = logits[:, -R - 1:-1].float() / batch.meta_info["temperature"]
-            rows.append(torch.log_softmax(logits, -1).gather(-1, b["input_ids"][i:i + 1, -R:, None])[..., 0])
+            rows.append(logits[:, -R - 1:-1].float() / batch.meta_info["temperature"])
         return torch.cat(rows)
 
 

@@ -1,7 +1,8 @@
 """Multiple-choice answers (Geometry3K): the response's final answer is a choice letter or a choice's value.
 
 The final answer is the content of the last <answer>...</answer> (an unclosed last tag runs to the end), else
-of the last \\boxed{...}, else the rest of the last "answer is ..." / "Answer: ..." line. It is read as
+of the last \\boxed{...} or \\fbox{...}, else the rest of the last "answer is ..." / "Answer: ..." line. It is
+read as
   1. a bare letter ("C", "(C)", "C.", "\\text{C}", "Option C"),
   2. the text of a choice, compared after normalisation (spaces, $, \\left/\\right, degree marks removed),
   3. a letter followed by its value ("C. 15", "(C) 15": the letter counts),
@@ -30,6 +31,8 @@ import re
 
 from bapo_vl.problem import Verdict
 
+from .latex import last_boxed, match_brace
+
 log = logging.getLogger(__name__)
 
 MAX_CHARS = 20_000  # the tail of a response that is searched
@@ -40,36 +43,6 @@ LETTERS = "ABCD"
 
 
 # --- the final answer -----------------------------------------------------------------------------------------
-
-def _braced(text: str, start: int, limit: int = 4 * MAX_SPAN) -> str | None:
-    """The content of the {...} group opening at text[start] (which must be "{"), or None if unbalanced or
-    longer than `limit`."""
-    depth = 0
-    for i in range(start, min(len(text), start + limit)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            depth -= 1
-            if depth == 0:
-                return text[start + 1:i]
-    return None
-
-
-def _last_boxed(text: str, tries: int = 8) -> str | None:
-    """The content of the last complete \\boxed{...} (among the last `tries`)."""
-    i = text.rfind("\\boxed")
-    while i >= 0 and tries > 0:
-        tries -= 1
-        j = i + len("\\boxed")
-        while j < len(text) and text[j] == " ":
-            j += 1
-        if j < len(text) and text[j] == "{":
-            inner = _braced(text, j)
-            if inner is not None:
-                return inner
-        i = text.rfind("\\boxed", 0, i)
-    return None
-
 
 _ANSWER_LINE = re.compile(r"\b(?i:answer)\b(?:\s+is)?\s*[:：]?[ \t]*([^\n]*)")
 
@@ -92,9 +65,9 @@ def extract_answer(response: str) -> str | None:
         span = text[i + len("<answer>"):j if j >= 0 else len(text)].strip()
         if span:  # "<answer>The answer is C</answer>" -> "C"
             return _answer_phrase(span[:MAX_SPAN]) or span
-    boxed = _last_boxed(text)
-    if boxed is not None and boxed.strip():
-        return boxed.strip()
+    boxed = last_boxed(text)
+    if boxed:
+        return boxed
     return _answer_phrase(text)
 
 
@@ -115,10 +88,10 @@ def _unwrap(s: str) -> str:
         m = re.search(r"\\(?:boxed|textbf|textnormal|text|mathrm|mathbf|fbox)\s*\{", s)
         if not m:
             break
-        inner = _braced(s, m.end() - 1)
-        if inner is None:
+        end = match_brace(s, m.end() - 1)
+        if end is None:
             break
-        s = s[:m.start()] + inner + s[m.end() + len(inner) + 1:]
+        s = s[:m.start()] + s[m.end():end] + s[end + 1:]
     return s
 
 

@@ -30,6 +30,7 @@ from fractions import Fraction
 from bapo_vl.problem import Verdict
 
 from . import sandbox
+from .latex import last_boxed, match_brace
 
 VERIFIER_VERSION = "math-1.0"
 MAX_RESPONSE_CHARS = 10_000  # only the tail of a response is searched for the answer
@@ -51,46 +52,14 @@ SYMBOLIC_MAX_DIGITS = 60
 
 # ---------------------------------------------------------------- extraction
 
-_BOX = re.compile(r"\\(?:boxed|fbox)(?![a-zA-Z])")
-_BRACE = re.compile(r"\\.|[{}]", re.S)
 _FINAL = re.compile(r"answer(?:\*\*)?\s*(?:is\b\s*[:：]?|[:：=])\s*(?:\*\*)?[ \t]*([^\n]+)", re.I)
 _MATH_SPAN = re.compile(r"\$\$?([^$]+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]")
-
-
-def _match_brace(text: str, i: int) -> int | None:
-    """Index of the brace closing the one at text[i] (escaped braces skipped), or None."""
-    depth = 0
-    for m in _BRACE.finditer(text, i):
-        t = m.group()
-        if t == "{":
-            depth += 1
-        elif t == "}":
-            depth -= 1
-            if depth == 0:
-                return m.start()
-    return None
-
-
-def _last_boxed(text: str) -> str | None:
-    for m in list(_BOX.finditer(text))[::-1][:20]:
-        i = m.end()
-        while i < len(text) and text[i] == " ":
-            i += 1
-        if text[i:i + 1] == "{":
-            end = _match_brace(text, i)
-            if end is not None:
-                return text[i + 1:end]
-        else:  # "\boxed 5"
-            found = re.match(r"[^\s$]+", text[i:i + MAX_ANSWER_CHARS + 1])
-            if found:
-                return found.group()
-    return None
 
 
 def _clean_final(text: str) -> str:
     """The answer part of what follows "Answer:" / "the answer is"."""
     text = text.strip().strip("*").strip()
-    boxed = _last_boxed(text)
+    boxed = last_boxed(text)
     if boxed is not None:
         return boxed
     spans = list(_MATH_SPAN.finditer(text))
@@ -116,7 +85,7 @@ def extract_answer(response: str) -> str | None:
     if not isinstance(response, str):
         return None
     text = response[-MAX_RESPONSE_CHARS:].replace("\x00", "")
-    found = _last_boxed(text)
+    found = last_boxed(text)
     if found is None:
         end = text.rfind("</answer>")
         start = text.rfind("<answer>", 0, end if end >= 0 else len(text))
@@ -185,7 +154,7 @@ def _replace_text_blocks(s: str) -> str:
         m = _TEXT_CMD.search(s)
         if not m:
             return s
-        end = _match_brace(s, m.end() - 1)
+        end = match_brace(s, m.end() - 1)
         if end is None:
             return s[:m.start()] + s[m.end():]
         content = s[m.end():end]
@@ -220,7 +189,7 @@ def _brace_args(s: str) -> str:
             while s[i:i + 1] == " ":
                 i += 1
             if s[i:i + 1] == "{":
-                end = _match_brace(s, i)
+                end = match_brace(s, i)
                 if end is None:
                     break
                 i = end + 1
@@ -798,7 +767,7 @@ def _screen(s: str) -> bool:
     for m in re.finditer(r"\^", s):  # every exponent that has a value must be small
         rest = s[m.end():].lstrip()
         if rest.startswith("{"):
-            end = _match_brace(rest, 0)
+            end = match_brace(rest, 0)
             exp = rest[1:end] if end is not None else rest[1:]
         else:
             tok = _TOKEN.match(rest)

@@ -4,8 +4,8 @@ It holds three copies of the policy: the trainer policy pi_theta (updated every 
 (a copy refreshed only by `sync()`, i.e. every v steps) and a frozen reference for the KL term. It only
 generates, scores log-probs, updates and syncs; what to train on is decided in bapo_vl/algorithm.py.
 
-Sequence layout used everywhere: [left pad][prompt][response][right pad]; prompts are left-padded to the
-batch's longest, so every response starts at the same column P and `logits_to_keep` skips the prompt logits.
+Sequence layout (bapo_vl/backends/base.py::pack): [left pad][prompt][response][right pad]; every response starts at
+the same column P, so `logits_to_keep` skips the prompt logits.
 """
 from __future__ import annotations
 
@@ -18,12 +18,14 @@ from pathlib import Path
 import torch
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
+from bapo_vl.backends.base import Policy, Response, UpdateBatch, old_logprobs, pack, right_pad
 from bapo_vl.backends.critic import ValueModel
-from bapo_vl.losses import entropy_from_logits, gae_advantages, total_loss, truncated_is_weights, value_loss
+from bapo_vl.losses import entropy_from_logits, gae_advantages, total_loss, value_loss
 from bapo_vl.problem import Problem
 
 log = logging.getLogger(__name__)
 POLICY_DIR = Path(__file__).resolve().parent.parent / "policy"
+CHECKPOINT = "backend.pt"  # what save_checkpoint writes into a checkpoint folder
 
 
 def resolve_model(name: str) -> str:
@@ -97,6 +99,8 @@ class EmbeddedBackend:
             do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=max(cfg.top_k, 0),
             max_new_tokens=cfg.max_response_length, pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
             suppress_tokens=self.suppress)
+        self.greedy = GenerationConfig(do_sample=False, max_new_tokens=cfg.max_response_length, pad_token_id=self.pad_id,
+                                       eos_token_id=sorted(self.eos_ids), suppress_tokens=self.suppress)
         # generate() fills fields left at their global default from model.generation_config, so the model's
         # own config is swapped out while training (and restored when saving).
         self.model_generation_config = self.policy.generation_config
@@ -136,39 +140,32 @@ class EmbeddedBackend:
                              f"max_prompt_length={self.cfg.max_prompt_length}; raise it or lower max_pixels")
         return enc
 
-    def _collate(self, prompts: list[dict], responses: list[list[int]] | None = None) -> dict:
+    def _collate(self, prompts: list[dict], responses: list | None = None) -> dict:
         """Batch of [left pad][prompt][response][right pad] on the device; `P` is where responses start."""
-        P = max(len(p["input_ids"]) for p in prompts)
-        R = max((len(r) for r in responses), default=0) if responses is not None else 0
-        ids = torch.full((len(prompts), P + R), self.pad_id, dtype=torch.long)
-        mask = torch.zeros_like(ids)
-        mm_types = torch.zeros_like(ids) if "mm_token_type_ids" in prompts[0] else None
-        for i, p in enumerate(prompts):
-            n = len(p["input_ids"])
-            ids[i, P - n:P], mask[i, P - n:P] = p["input_ids"], 1
-            if mm_types is not None:
-                mm_types[i, P - n:P] = p["mm_token_type_ids"]
-            if responses is not None:
-                r = responses[i]
-                ids[i, P:P + len(r)], mask[i, P:P + len(r)] = torch.tensor(r, dtype=torch.long), 1
-        batch = {"input_ids": ids, "attention_mask": mask}
+        packed = pack([p["input_ids"] for p in prompts], responses, self.pad_id)
+        batch = {"input_ids": packed.input_ids, "attention_mask": packed.attention_mask}
         if self.is_vl:
             for key in ("pixel_values", "image_grid_thw"):
                 if any(key in p for p in prompts):
                     batch[key] = torch.cat([p[key] for p in prompts if key in p])
-            if mm_types is not None:
-                batch["mm_token_type_ids"] = mm_types
+            if "mm_token_type_ids" in prompts[0]:  # image-token markers over the prompt, zero elsewhere
+                types = pack([p["mm_token_type_ids"] for p in prompts], None, 0).input_ids
+                batch["mm_token_type_ids"] = torch.cat([types, torch.zeros(len(prompts), packed.R, dtype=torch.long)], 1)
         else:  # text models take positions from the mask so left padding does not shift them
-            batch["position_ids"] = (mask.cumsum(-1) - 1).clamp(min=0)
-        return {k: v.to(self.device) for k, v in batch.items()} | {"P": P}
+            batch["position_ids"] = (packed.attention_mask.cumsum(-1) - 1).clamp(min=0)
+        return {k: v.to(self.device) for k, v in batch.items()} | {"P": packed.P}
 
     # --- generation and scoring ------------------------------------------------------------------------------
 
     @torch.no_grad()
-    def generate(self, prompts: list[dict], n: int, policy: str = "rollout") -> list[list[tuple[list[int], list[float]]]]:
+    def generate(self, prompts: list[dict], n: int, policy: Policy = "rollout", *, greedy: bool = False,
+                 logprobs: bool = True) -> list[list[Response]]:
         """n responses per prompt from the rollout policy alpha ("rollout") or the trainer policy ("current"),
-        each as (token ids, behaviour log-probs per token)."""
+        each with its behaviour log-probs per token (unless logprobs=False)."""
+        if greedy and n != 1:
+            raise ValueError(f"greedy decoding gives one response per prompt, not n={n}")
         model = self.rollout if policy == "rollout" else self.policy
+        sampling = self.greedy if greedy else self.sampling
         flat = [p for p in prompts for _ in range(n)]
         tokens: list[list[int]] = []
         for chunk in _chunks(flat, self.cfg.generate_batch_size):
@@ -176,12 +173,14 @@ class EmbeddedBackend:
             P = batch.pop("P")
             batch.pop("position_ids", None)  # generate derives positions from the mask
             with self._autocast():
-                out = model.generate(**batch, generation_config=self.sampling)
+                out = model.generate(**batch, generation_config=sampling)
             for row in out[:, P:].tolist():
                 end = next((i + 1 for i, t in enumerate(row) if t in self.eos_ids), len(row))
                 tokens.append(row[:max(end, 1)])
-        logprobs = self.score(model, flat, tokens)
-        return [list(zip(tokens[i * n:(i + 1) * n], logprobs[i * n:(i + 1) * n])) for i in range(len(prompts))]
+        scores = self.score(model, flat, tokens) if logprobs else None
+        out = [Response(tuple(t), None if scores is None else tuple(scores[i, :len(t)].tolist()))
+               for i, t in enumerate(tokens)]
+        return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def _token_logprobs(self, model, batch, n_response: int, with_entropy: bool = False):
         """Log-probs (B, R) of the response tokens under `model` at the sampling temperature."""
@@ -195,16 +194,17 @@ class EmbeddedBackend:
         return logp, entropy
 
     @torch.no_grad()
-    def score(self, model, prompts: list[dict], responses: list[list[int]]) -> list[list[float]]:
-        out = []
+    def score(self, model, prompts: list[dict], responses: list) -> torch.Tensor:
+        """(N, R) log-probs of each response's tokens under `model`, right-padded with 0 (on CPU)."""
+        out = torch.zeros(len(responses), max(len(r) for r in responses))
         for idx in _chunks(list(range(len(prompts))), self.cfg.micro_batch_size):
             batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
             R = max(len(responses[i]) for i in idx)
             logp, _ = self._token_logprobs(model, batch, R)
-            out += [logp[k, :len(responses[i])].tolist() for k, i in enumerate(idx)]
+            out[idx, :R] = logp.float().cpu()
         return out
 
-    def decode(self, tokens: list[int]) -> str:
+    def decode(self, tokens) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def sync(self):
@@ -214,54 +214,53 @@ class EmbeddedBackend:
 
     # --- update ----------------------------------------------------------------------------------------------
 
-    def update(self, sequences: list[dict]) -> dict:
-        """PPO-style update on `sequences` (dicts with prompt, tokens, logprobs, advantage, group), in
-        mini-batches of `mini_batch_size` groups with gradient accumulation over micro-batches."""
+    def update(self, batch: UpdateBatch) -> dict:
+        """PPO-style update in mini-batches of `mini_batch_size` groups, with gradient accumulation over
+        micro-batches of `micro_batch_size` sequences. Per-token tensors are (N, R) on CPU; micro-batches move."""
         cfg = self.cfg
-        prompts = [s["prompt"] for s in sequences]
-        responses = [s["tokens"] for s in sequences]
+        rows = batch.sequences()
+        group = [g for g, *_ in rows]
+        prompts = [p for _, p, *_ in rows]
+        responses = [list(r.tokens) for _, _, r, *_ in rows]
+        R = max(len(r) for r in responses)
+        mask = right_pad([[1.0] * len(r) for r in responses], R)
+        behaviour = right_pad([r.logprobs for _, _, r, *_ in rows], R)
         ref = self.score(self.ref, prompts, responses) if self.ref is not None else None
-        behaviour = [s["logprobs"] for s in sequences]
-        old = behaviour
-        if cfg.tis_threshold is not None:  # [code]: ratio against the proximal policy, truncated IS to alpha
-            old = self.score(self.policy, prompts, responses)
+        # [code]'s truncated IS: ratio against the proximal policy (pi_theta before this update)
+        old, is_w = old_logprobs(behaviour, cfg.tis_threshold, lambda: self.score(self.policy, prompts, responses))
         values = returns = None
         if self.critic is not None:  # BA-PPO: token-level GAE advantages from the critic, fixed for the epochs
-            values, returns = self._gae(prompts, responses, sequences)
-        groups = sorted({s["group"] for s in sequences})
+            adv, values, returns = self._gae(prompts, responses, [w for *_, w, _ in rows], mask)
+        else:
+            adv = torch.tensor([a for *_, a in rows])[:, None] * mask
+        groups = sorted(set(group))
         per_mini: list[dict] = []
         for _ in range(cfg.epochs):
             self.rng.shuffle(groups)
             for mini in _chunks(groups, cfg.mini_batch_size):
                 members = set(mini)
-                idx = [i for i, s in enumerate(sequences) if s["group"] in members]
+                idx = [i for i, g in enumerate(group) if g in members]
                 n_tokens = sum(len(responses[i]) for i in idx)
                 self.optimizer.zero_grad(set_to_none=True)
-                micro_metrics = [self._backward(micro, prompts, responses, old, behaviour, ref, sequences,
-                                                n_tokens, len(idx))
+                terms = dict(mask=mask, adv=adv, old=old, ref=ref, is_w=is_w)
+                micro_metrics = [self._backward(micro, prompts, responses, terms, n_tokens, len(idx))
                                  for micro in _chunks(idx, cfg.micro_batch_size)]
                 grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
                 self.optimizer.step()
                 per_mini.append(_combine(micro_metrics) | {"grad_norm": float(grad_norm)})
                 if self.critic is not None:
-                    per_mini[-1] |= self._critic_step(idx, prompts, responses, values, returns, n_tokens)
+                    per_mini[-1] |= self._critic_step(idx, prompts, responses, values, returns, mask, n_tokens)
         return {k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]} if per_mini else {}
 
-    def _backward(self, micro, prompts, responses, old, behaviour, ref, sequences, n_tokens, n_seqs) -> dict:
+    def _backward(self, micro, prompts, responses, terms: dict, n_tokens, n_seqs) -> dict:
+        """Forward and backward of one micro-batch; `terms` holds the (N, R) per-token tensors."""
         R = max(len(responses[i]) for i in micro)
-        pad = lambda rows: torch.tensor([r + [0.0] * (R - len(r)) for r in rows], device=self.device)
+        cut = lambda t: None if t is None else t[micro, :R].to(self.device)  # noqa: E731
         batch = self._collate([prompts[i] for i in micro], [responses[i] for i in micro])
-        logp, entropy = self._token_logprobs(self.policy, batch, R, with_entropy=self.cfg.entropy_coef > 0)
-        mask = pad([[1.0] * len(responses[i]) for i in micro])
-        adv = pad([sequences[i]["advantage"] if isinstance(sequences[i]["advantage"], list)
-                   else [sequences[i]["advantage"]] * len(responses[i]) for i in micro])
-        old_logp = pad([old[i] for i in micro])
-        ref_logp = pad([ref[i] for i in micro]) if ref is not None else None
-        is_w = None
-        if self.cfg.tis_threshold is not None:
-            is_w = truncated_is_weights(old_logp, pad([behaviour[i] for i in micro]), self.cfg.tis_threshold)
-        loss, metrics = total_loss(logp, old_logp, adv, mask, self.loss_cfg, ref_logp=ref_logp, entropy=entropy,
-                                   is_weights=is_w, n_tokens=n_tokens, n_seqs=n_seqs)
+        logp, entropy = self._token_logprobs(self.policy, batch, R, with_entropy=True)
+        loss, metrics = total_loss(logp, cut(terms["old"]), cut(terms["adv"]), cut(terms["mask"]), self.loss_cfg,
+                                   ref_logp=cut(terms["ref"]), entropy=entropy, is_weights=cut(terms["is_w"]),
+                                   n_tokens=n_tokens, n_seqs=n_seqs)
         loss.backward()
         return metrics
 
@@ -273,31 +272,24 @@ class EmbeddedBackend:
             return self.critic(batch, max(len(responses[i]) for i in idx))  # (b, R)
 
     @torch.no_grad()
-    def _gae(self, prompts, responses, sequences) -> tuple[list[list[float]], list[list[float]]]:
-        """Old values V(s_t) and GAE returns per sequence; each sequence's "advantage" becomes its token list."""
-        R = max(len(r) for r in responses)
-        values = torch.zeros(len(responses), R, device=self.device)
+    def _gae(self, prompts, responses, rewards, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(advantages, old values V(s_t), returns), each (N, R) on CPU: GAE over the critic's values."""
+        values = torch.zeros_like(mask)
         for idx in _chunks(list(range(len(responses))), self.cfg.micro_batch_size):
-            v = self._values(prompts, responses, idx).float()
+            v = self._values(prompts, responses, idx).float().cpu()
             values[idx, :v.shape[1]] = v
-        mask = torch.tensor([[1.0] * len(r) + [0.0] * (R - len(r)) for r in responses], device=self.device)
-        rewards = torch.tensor([s["reward"] for s in sequences], dtype=torch.float32, device=self.device)
-        adv, ret = gae_advantages(rewards, values * mask, mask)
-        for i, s in enumerate(sequences):
-            s["advantage"] = adv[i, :len(responses[i])].tolist()
-        return ([values[i, :len(r)].tolist() for i, r in enumerate(responses)],
-                [ret[i, :len(r)].tolist() for i, r in enumerate(responses)])
+        adv, ret = gae_advantages(torch.tensor(rewards, dtype=torch.float32), values * mask, mask)
+        return adv * mask, values * mask, ret * mask
 
-    def _critic_step(self, idx, prompts, responses, values, returns, n_tokens) -> dict:
+    def _critic_step(self, idx, prompts, responses, values, returns, mask, n_tokens) -> dict:
         """One optimizer step of the critic on the mini-batch `idx`: clipped value loss against the GAE returns."""
         self.critic_optimizer.zero_grad(set_to_none=True)
         parts = []
         for micro in _chunks(idx, self.cfg.micro_batch_size):
             R = max(len(responses[i]) for i in micro)
-            pad = lambda rows: torch.tensor([r + [0.0] * (R - len(r)) for r in rows], device=self.device)  # noqa: E731
-            loss, m = value_loss(self._values(prompts, responses, micro).float(), pad([values[i] for i in micro]),
-                                 pad([returns[i] for i in micro]), pad([[1.0] * len(responses[i]) for i in micro]),
-                                 self.cfg.value_clip, "token-mean", n_tokens=n_tokens)
+            cut = lambda t: t[micro, :R].to(self.device)  # noqa: E731
+            loss, m = value_loss(self._values(prompts, responses, micro).float(), cut(values), cut(returns),
+                                 cut(mask), self.cfg.value_clip, "token-mean", n_tokens=n_tokens)
             loss.backward()
             parts.append((m, sum(len(responses[i]) for i in micro)))
         torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.grad_clip)
@@ -317,26 +309,41 @@ class EmbeddedBackend:
         (self.processor or self.tokenizer).save_pretrained(path)
 
     def save_checkpoint(self, path, step: int):
-        """Nothing beyond state_dict(): this backend's weights travel in the trainer's state.pt."""
+        """pi_theta, its optimizer, alpha, the critic and every random state this backend draws from, in
+        path/backend.pt."""
+        torch.save({"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "rollout": None if self.rollout is self.policy else self.rollout.state_dict(),
+                    "critic": None if self.critic is None else (self.critic.state_dict(),
+                                                                self.critic_optimizer.state_dict()),
+                    "rng": self.rng.getstate(), "torch_rng": torch.get_rng_state(),
+                    "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                   Path(path) / CHECKPOINT)
 
     def load_checkpoint(self, path):
-        """Nothing beyond load_state_dict() (see save_checkpoint)."""
-
-    def state_dict(self) -> dict:
-        return {"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "rollout": None if self.rollout is self.policy else self.rollout.state_dict(),
-                "rng": self.rng.getstate(),
-                "critic": None if self.critic is None else (self.critic.state_dict(),
-                                                            self.critic_optimizer.state_dict())}
-
-    def load_state_dict(self, state: dict):
+        state = torch.load(Path(path) / CHECKPOINT, map_location="cpu", weights_only=False)
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         if state["rollout"] is not None and self.rollout is not self.policy:
             self.rollout.load_state_dict(state["rollout"])
-        self.rng.setstate(state["rng"])
         if self.critic is not None:
-            if state.get("critic") is None:
-                raise ValueError("this checkpoint has no critic: it was not trained with critic=True (BA-PPO)")
+            if state["critic"] is None:
+                raise ValueError(f"{path}: this checkpoint has no critic: it was not trained with critic=True (BA-PPO)")
             self.critic.load_state_dict(state["critic"][0])
             self.critic_optimizer.load_state_dict(state["critic"][1])
+        self.rng.setstate(state["rng"])
+        torch.set_rng_state(state["torch_rng"])
+        if state["cuda_rng"] is not None and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+    def load_policy(self, path):
+        """pi_theta's weights only (for `bapo eval` of a checkpoint); alpha follows when it is the same model."""
+        state = torch.load(Path(path) / CHECKPOINT, map_location="cpu", weights_only=False)
+        self.policy.load_state_dict(state["policy"])
+        self.sync()
+
+    def state_dict(self) -> dict:
+        """Nothing: this backend's weights and random state travel in save_checkpoint's file."""
+        return {}
+
+    def load_state_dict(self, state: dict):
+        pass

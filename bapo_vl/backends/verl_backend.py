@@ -7,10 +7,11 @@ embedded backend (sync / encode / generate / decode / update / state_dict). What
             reward_model, extra_info, uid, ...), repeated n times (interleaved), padded to the rollout manager's
             divisor (`rollout.agent.num_workers`) -> `rollout_manager.generate_sequences` -> per prompt a list of
             (response token ids, behaviour log-probs from `rollout_log_probs`).
-  update    sequences -> a DataProto with input_ids / attention_mask / position_ids / responses / response_mask /
+  update    UpdateBatch -> a DataProto with input_ids / attention_mask / position_ids / responses / response_mask /
             old_log_probs (= the STORED behaviour log-probs, right-padded) / advantages (token level) [/ ref_log_prob,
             rollout_is_weights] -> `actor.update_actor`.
   sync      `checkpoint_manager.update_weights()`: alpha <- pi_theta, only when the Trainer asks (t % v == 0).
+  metrics   verl's actor metric names -> the record's (VERL_METRICS), verl's own names kept beside them.
 
 Delayed rollout policy (notes option (a)): the rollout engine keeps its weights between syncs only if it never
 sleeps at level 2, i.e. `actor_rollout_ref.rollout.free_cache_engine=False` for colocated vLLM (the engine's memory
@@ -39,8 +40,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
+from bapo_vl.backends.base import UPDATE_METRICS, Policy, Response, UpdateBatch, old_logprobs, pack, right_pad
 from bapo_vl.backends.verl_data import problem_to_row
-from bapo_vl.losses import truncated_is_weights
 from bapo_vl.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -48,6 +49,17 @@ log = logging.getLogger(__name__)
 ROW_KEYS = ("raw_prompt", "data_source", "reward_model", "extra_info", "index", "tools_kwargs",
             "interaction_kwargs", "uid")
 ALPHA, CURRENT = "bapo_alpha", "bapo_current"  # keys of the CPU snapshots in the actor workers
+# The record's names (base.UPDATE_METRICS) <- the names verl's actor returns them under (RayPPOTrainer._update_actor
+# prefixes the worker's metrics with actor/; our balanced_clip plugin reports actor/clip_frac). First present wins.
+VERL_METRICS = {
+    "loss": ("actor/loss",),
+    "pg_loss": ("actor/pg_loss",),
+    "kl": ("actor/kl_loss",),
+    "entropy": ("actor/entropy_loss", "actor/entropy"),
+    "clip_frac": ("actor/pg_clipfrac", "actor/clip_frac"),
+    "grad_norm": ("actor/grad_norm",),
+}
+assert set(VERL_METRICS) == set(UPDATE_METRICS)
 
 
 class VerlConfigError(ValueError):
@@ -167,9 +179,11 @@ class VerlBackend:
             position_ids_fn = mrope_position_ids(processor)
         self.position_ids_fn = position_ids_fn
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.updates = 0  # actor updates applied
-        self.alpha_version = 0  # actor version the engine's alpha holds
-        self.calls = []  # (what, version) log of weight movements, for the run record and tests
+        # Versions are the trainer's; this backend only knows whether the actor moved since alpha was pushed, and
+        # tags weight pushes with the last training step it saw (verl uses global_steps for logging only).
+        self.alpha_stale = False
+        self.step = 0
+        self.calls = []  # (what, step) log of weight movements, for tests
         if self.snapshots:  # the engine starts with the actor's initial weights: that is alpha until the first sync
             actor.save_model_to_cpu(ALPHA)
 
@@ -210,17 +224,21 @@ class VerlBackend:
         batch = DataProto.from_dict(
             tensors={"dummy_tensor": torch.zeros(len(rows), 1, dtype=torch.uint8)},
             non_tensors={k: object_array([r[k] for r in rows]) for k in ROW_KEYS},
-            meta_info={"global_steps": self.updates})
+            meta_info={"global_steps": self.step})
         return batch.repeat(repeat_times=n, interleave=True)
 
-    def generate(self, prompts: list[dict], n: int, policy: str = "rollout"):
+    def generate(self, prompts: list[dict], n: int, policy: Policy = "rollout", *, greedy: bool = False,
+                 logprobs: bool = True) -> list[list[Response]]:
         from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
 
+        if greedy:
+            raise VerlConfigError("greedy decoding is not wired into the verl backend: evaluate with `bapo eval` "
+                                  "(embedded backend) on the run's final/ policy")
         batch = self.prompts_to_dataproto(prompts, n)
         padded, pad = pad_dataproto_to_divisor(batch, self.divisor)
-        temporary = policy == "current" and self.alpha_version != self.updates
+        temporary = policy == "current" and self.alpha_stale
         if temporary:  # X2: pi_theta into the engine for this call only
-            self._push(self.updates, "reeval_sync")
+            self._push("reeval_sync")
         try:
             out = unpad_dataproto(self.rollout_manager.generate_sequences(padded), pad)
         finally:
@@ -231,23 +249,21 @@ class VerlBackend:
                                   "actor_rollout_ref.rollout.calculate_log_probs=True")
         P = out.batch["prompts"].shape[1]
         valid = out.batch["attention_mask"][:, P:].bool()
-        responses, logprobs = out.batch["responses"], out.batch["rollout_log_probs"]
-        flat = []
-        for i in range(len(out)):
-            m = valid[i]
-            flat.append((responses[i][m].tolist(), logprobs[i][m].float().tolist()))
+        responses, scores = out.batch["responses"], out.batch["rollout_log_probs"]
+        flat = [Response(tuple(responses[i][m].tolist()), tuple(scores[i][m].float().tolist()) if logprobs else None)
+                for i, m in enumerate(valid)]
         return [flat[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     # --- weights ---------------------------------------------------------------------------------------------
 
-    def _push(self, version: int, what: str):
-        self.checkpoint_manager.update_weights(global_steps=version)
-        self.calls.append((what, version))
+    def _push(self, what: str):
+        self.checkpoint_manager.update_weights(global_steps=self.step)
+        self.calls.append((what, self.step))
 
     def sync(self):
         """alpha <- pi_theta: one weight push; with X2 also the CPU snapshot alpha is restored from later."""
-        self._push(self.updates, "sync")
-        self.alpha_version = self.updates
+        self._push("sync")
+        self.alpha_stale = False
         if self.snapshots:
             if hasattr(self.actor, "clear_cpu_model"):
                 self.actor.clear_cpu_model(ALPHA)
@@ -258,7 +274,7 @@ class VerlBackend:
         self.actor.save_model_to_cpu(CURRENT)
         self.actor.restore_model_from_cpu(ALPHA)
         try:
-            self._push(self.alpha_version, "reeval_restore")
+            self._push("reeval_restore")
         finally:
             self.actor.restore_model_from_cpu(CURRENT)
             if hasattr(self.actor, "clear_cpu_model"):
@@ -266,91 +282,89 @@ class VerlBackend:
 
     # --- update ----------------------------------------------------------------------------------------------
 
-    def sequences_to_dataproto(self, sequences: list[dict]):
+    def batch_to_dataproto(self, batch: UpdateBatch):
         """The update batch: [left pad][prompt][response][right pad], old_log_probs = stored behaviour log-probs."""
         from verl import DataProto
         from verl.utils.model import compute_position_id_with_mask
 
-        P = max(len(s["prompt"]["input_ids"]) for s in sequences)
-        R = max(max(len(s["tokens"]) for s in sequences), 1)
-        N = len(sequences)
-        prompts = torch.full((N, P), self.pad_id, dtype=torch.long)
-        responses = torch.full((N, R), self.pad_id, dtype=torch.long)
-        prompt_mask = torch.zeros(N, P, dtype=torch.long)
-        response_mask = torch.zeros(N, R, dtype=torch.long)
-        old = torch.zeros(N, R, dtype=torch.float32)
-        adv = torch.zeros(N, R, dtype=torch.float32)
-        for i, s in enumerate(sequences):
-            ids, r = s["prompt"]["input_ids"], len(s["tokens"])
-            prompts[i, P - len(ids):], prompt_mask[i, P - len(ids):] = torch.as_tensor(ids), 1
-            responses[i, :r] = torch.tensor(s["tokens"], dtype=torch.long)
-            response_mask[i, :r] = 1
-            old[i, :r] = torch.tensor(s["logprobs"], dtype=torch.float32)
-            adv[i, :r] = float(s["advantage"])
-        input_ids = torch.cat([prompts, responses], 1)
-        attention_mask = torch.cat([prompt_mask, response_mask], 1)
-        mm = [s["prompt"].get("multi_modal_inputs") for s in sequences]
+        rows = batch.sequences()
+        tokens = [r.tokens for _, _, r, _, _ in rows]
+        packed = pack([p["input_ids"] for _, p, *_ in rows], tokens, self.pad_id, min_response=1)
+        input_ids, attention_mask, response_mask = packed.input_ids, packed.attention_mask, packed.response_mask
+        old = right_pad([r.logprobs for _, _, r, _, _ in rows], packed.R)
+        adv = torch.tensor([a for *_, a in rows], dtype=torch.float32)[:, None] * response_mask
+        mm = [p.get("multi_modal_inputs") for _, p, *_ in rows]
         if any(m is not None for m in mm):
             if self.position_ids_fn is None:
                 raise VerlConfigError("vision-language updates need position_ids_fn (M-RoPE positions, as verl's "
                                       "agent loop computes them)")
             position_ids = torch.cat([self.position_ids_fn(input_ids[i:i + 1], attention_mask[i:i + 1], mm[i] or {})
-                                      for i in range(N)])
+                                      for i in range(len(rows))])
             mm = [{k: v for k, v in (m or {}).items() if k != "mm_token_type_ids"} for m in mm]
         else:
             position_ids = compute_position_id_with_mask(attention_mask)
-        non_tensors = {"uid": object_array([str(s["group"]) for s in sequences])}
-        meta = {"temperature": self.cfg.temperature, "global_steps": self.updates + 1,
+        non_tensors = {"uid": object_array([str(g) for g, *_ in rows])}
+        meta = {"temperature": self.cfg.temperature, "global_steps": batch.step,
                 "global_token_num": attention_mask.sum(-1).tolist()}
         if any(m for m in mm if m):
             non_tensors["multi_modal_inputs"] = object_array(mm)
             meta["images_seqlens"] = [n for m in mm if "images_seqlens" in m for n in m["images_seqlens"].tolist()]
         return DataProto.from_dict(
-            tensors={"prompts": prompts, "responses": responses, "input_ids": input_ids,
+            tensors={"prompts": input_ids[:, :packed.P], "responses": input_ids[:, packed.P:], "input_ids": input_ids,
                      "attention_mask": attention_mask, "position_ids": position_ids, "response_mask": response_mask,
-                     "old_log_probs": old, "advantages": adv * response_mask},
+                     "old_log_probs": old, "advantages": adv},
             non_tensors=non_tensors, meta_info=meta)
 
-    def update(self, sequences: list[dict]) -> dict:
-        G = self.cfg.group_size
-        groups = list(dict.fromkeys(s["group"] for s in sequences))
-        keep = trainable_groups(len(groups), G, self.mini_batch_size, self.dp_size)
-        kept = set(groups[:keep])
-        sequences = [s for s in sequences if s["group"] in kept]
-        metrics = {"trimmed_groups": len(groups) - keep}
-        if not sequences:
+    def update(self, batch: UpdateBatch) -> dict:
+        if batch.advantages is None:
+            raise VerlConfigError("the verl backend needs the trainer's advantages (critic=True is embedded-only)")
+        self.step = batch.step
+        keep = trainable_groups(len(batch), self.cfg.group_size, self.mini_batch_size, self.dp_size)
+        metrics = {"trimmed_groups": len(batch) - keep}
+        if keep == 0:
             return metrics
-        batch = self.sequences_to_dataproto(sequences)
-        if self.cfg.tis_threshold is not None:  # ratio against the proximal policy, truncated IS to alpha
-            behaviour = batch.batch["old_log_probs"].clone()
-            prox = self.actor.compute_log_prob(batch).batch["old_log_probs"]
-            batch.batch["old_log_probs"] = prox
-            batch.batch["rollout_log_probs"] = behaviour
-            batch.batch["rollout_is_weights"] = (truncated_is_weights(prox, behaviour, self.cfg.tis_threshold)
-                                                 * batch.batch["response_mask"])
+        data = self.batch_to_dataproto(batch.select(list(range(keep))))
+        behaviour = data.batch["old_log_probs"]
+        old, is_w = old_logprobs(behaviour, self.cfg.tis_threshold,
+                                 lambda: self.actor.compute_log_prob(data).batch["old_log_probs"])
+        if is_w is not None:  # ratio against the proximal policy, truncated IS to alpha
+            data.batch["old_log_probs"], data.batch["rollout_log_probs"] = old, behaviour
+            data.batch["rollout_is_weights"] = is_w * data.batch["response_mask"]
         if self.cfg.kl_coef > 0:
-            batch = batch.union(self.actor.compute_ref_log_prob(batch))
-        out = self.actor.update_actor(batch)
-        self.updates += 1
-        for k, v in (out.meta_info.get("metrics", {}) if out is not None else {}).items():
-            metrics[k] = float(np.mean(v)) if isinstance(v, (list, tuple, np.ndarray)) else float(v)
-        return metrics
+            data = data.union(self.actor.compute_ref_log_prob(data))
+        out = self.actor.update_actor(data)
+        self.alpha_stale = True
+        verl_metrics = {k: float(np.mean(v)) if isinstance(v, (list, tuple, np.ndarray)) else float(v)
+                        for k, v in (out.meta_info.get("metrics", {}) if out is not None else {}).items()}
+        return metrics | verl_metrics | self._record_names(verl_metrics)
+
+    def _record_names(self, verl_metrics: dict) -> dict:
+        """UPDATE_METRICS from verl's names; kl is 0.0 without a KL term (as on the embedded backend)."""
+        out = {}
+        for ours, names in VERL_METRICS.items():
+            value = next((verl_metrics[n] for n in names if n in verl_metrics), None)
+            if value is None and ours == "kl" and self.cfg.kl_coef == 0:
+                value = 0.0
+            if value is None:
+                log.warning("verl's actor returned none of %s: the record's %s column stays empty", names, ours)
+                value = float("nan")
+            out[ours] = value
+        return out
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
         """Backend bookkeeping; the weights go through verl's checkpointing (`save_checkpoint`)."""
-        return {"updates": self.updates, "alpha_version": self.alpha_version, "calls": list(self.calls)}
+        return {"alpha_stale": self.alpha_stale, "step": self.step, "calls": list(self.calls)}
 
     def load_state_dict(self, state: dict):
-        self.updates, self.alpha_version = state["updates"], state["alpha_version"]
-        self.calls = list(state["calls"])
+        self.alpha_stale, self.step, self.calls = state["alpha_stale"], state["step"], list(state["calls"])
 
     def save_checkpoint(self, path, step: int):
         """verl checkpoint of pi_theta (+ optimizer) in path/actor and, while alpha is stale, of alpha's weights in
         path/alpha (restored from the CPU snapshot), so a resumed run generates with the same alpha."""
         self.actor.save_checkpoint(f"{path}/actor", global_step=step)
-        if self.snapshots and self.alpha_version != self.updates:
+        if self.snapshots and self.alpha_stale:
             self.actor.save_model_to_cpu(CURRENT)
             self.actor.restore_model_from_cpu(ALPHA)
             self.actor.save_checkpoint(f"{path}/alpha", global_step=step)
@@ -364,12 +378,17 @@ class VerlBackend:
             self.actor.load_checkpoint(f"{path}/alpha")
         else:
             self.actor.load_checkpoint(f"{path}/actor")
-        self.checkpoint_manager.update_weights(global_steps=self.alpha_version)
+        self.checkpoint_manager.update_weights(global_steps=self.step)
         if self.snapshots:
             self.actor.save_model_to_cpu(ALPHA)
         self.actor.load_checkpoint(f"{path}/actor")
 
+    def load_policy(self, path):
+        """pi_theta from a checkpoint folder, pushed to the engine (it generates with it from now on)."""
+        self.actor.load_checkpoint(f"{path}/actor")
+        self.sync()
+
     def save_pretrained(self, path):
         """Hugging Face export is verl's model merger (`python -m verl.model_merger merge --backend fsdp
         --local_dir <ckpt>/actor --target_dir <path>`); here the latest actor checkpoint is written."""
-        self.actor.save_checkpoint(f"{path}/actor", global_step=self.updates)
+        self.actor.save_checkpoint(f"{path}/actor", global_step=self.step)

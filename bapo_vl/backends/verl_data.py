@@ -139,7 +139,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None, task
     answer = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
     try:
         verdict = task.verify(solution_str, answer)
-        verdict = verdict if isinstance(verdict, Verdict) else Verdict(verdict)
+        verdict = Verdict.of(verdict)
     except Exception:  # noqa: BLE001 - model output is hostile input; same rule as trainer.verify_safely
         verdict = Verdict.UNPARSABLE
     acc = verdict.reward

@@ -40,7 +40,8 @@ def actor_settings(cfg) -> dict[str, tuple[str, object]]:
         "entropy_coeff": ("entropy_coef", cfg.entropy_coef),
         "ppo_epochs": ("epochs", cfg.epochs),
         "ppo_mini_batch_size": ("mini_batch_size", cfg.mini_batch_size),
-        "grad_clip": ("grad_clip", cfg.grad_clip),
+        "grad_clip": ("grad_clip", cfg.grad_clip),  # legacy dp_actor
+        "optim.clip_grad": ("grad_clip", cfg.grad_clip),  # verl 0.9.1's engine worker clips with this one
         "optim.lr": ("lr", cfg.lr),
         "optim.weight_decay": ("weight_decay", cfg.weight_decay),
     }

@@ -12,7 +12,8 @@ The YAML has three parts: `preset:` (one of our presets, e.g. math), `bapo:` (ch
 Everything our Config decides is written into verl's config by `derived_settings`, and refused under `verl:`.
 Overrides on the command line: `bapo.delay=3` or `verl.trainer.nnodes=2`.
 
-NOT RUN HERE (no GPU / vLLM): build_verl_workers and main. Written against verl 0.9.1's classes; tests only import it.
+NOT RUN HERE (no GPU / vLLM): build_verl_workers and main. Written against verl 0.9.1's classes; tests check the
+config it composes and that RayTrainerActor forwards to verl's real method signatures.
 """
 from __future__ import annotations
 
@@ -74,6 +75,7 @@ def derived_settings(cfg) -> dict[str, tuple[str, object]]:
         "trainer.use_v1": ("(BAPO needs the legacy trainer)", False),
         "actor_rollout_ref.model.path": ("model", cfg.model),
         rollout + "calculate_log_probs": ("(BAPO needs behaviour log-probs)", True),
+        "actor_rollout_ref.actor.calculate_entropy": ("(the run record's entropy column)", True),
         rollout + "n": ("group_size", cfg.group_size),
         rollout + "temperature": ("temperature", cfg.temperature),
         rollout + "top_p": ("top_p", cfg.top_p),

@@ -33,6 +33,7 @@ from pathlib import Path
 from bapo_vl.datafiles import parse_rows, read_rows
 from bapo_vl.problem import Problem
 from bapo_vl.verifiers import math as verifiers_math
+from bapo_vl.verifiers.latex import last_boxed  # also a gold answer's source: a solution's last \boxed{}
 from bapo_vl.verifiers.math import VERIFIER_VERSION as VERSION  # noqa: F401  (recorded with each run)
 
 NAME = "math"
@@ -66,35 +67,6 @@ ANSWER_FIELDS = ("answer", "final_answer")
 ID_FIELDS = ("id", "unique_id", "idx")  # the first one present names the row in its uid
 META_FIELDS = ("level", "subject", "type", "subfield", "difficulty", "url", "year", "unit", "answer_type",
                "is_multiple_answer")
-
-
-def last_boxed(text: str) -> str | None:
-    """The contents of the last \\boxed{...} in `text` (braces matched, `\\{` and `\\}` skipped), or None."""
-    if not isinstance(text, str):
-        return None
-    start = len(text)
-    while True:
-        start = text.rfind("\\boxed", 0, start)
-        if start < 0:
-            return None
-        i = start + len("\\boxed")
-        while i < len(text) and text[i] in " \t":
-            i += 1
-        if i < len(text) and text[i] == "{":
-            depth, j = 0, i
-            while j < len(text):
-                c = text[j]
-                if c == "\\":  # an escaped character (\{, \}, \\) never opens or closes a group
-                    j += 2
-                    continue
-                if c == "{":
-                    depth += 1
-                elif c == "}":
-                    depth -= 1
-                    if depth == 0:
-                        return text[i + 1:j].strip()
-                j += 1
-        # unbalanced or not followed by a brace: try an earlier one
 
 
 _DOLLAR = re.compile(r"(?<!\\)\$")

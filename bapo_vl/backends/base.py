@@ -1,0 +1,180 @@
+"""The backend contract: everything the Trainer and `bapo eval` may ask of a backend, and what crosses it.
+
+A backend only encodes prompts, generates, scores log-probs, updates and syncs weights. What to train on (X1, X2,
+X3), advantages and versions are the trainer's (bapo_vl/trainer.py): it holds the one policy-version counter and
+tells the backend what it needs. Two backends implement this: `embedded` (transformers, one process) and `verl`
+(Ray + FSDP + vLLM). tests/test_backend_contract.py runs both against it.
+
+Sequence layout shared by both: [left pad][prompt][response][right pad], every response starting at column P.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Literal, Protocol, runtime_checkable
+
+import torch
+
+from bapo_vl.losses import truncated_is_weights
+from bapo_vl.problem import Problem
+
+Policy = Literal["rollout", "current"]
+"""rollout: alpha = pi_theta as of the last sync (lags by up to v steps); current: pi_theta."""
+
+UPDATE_METRICS: dict[str, str] = {
+    "loss": "the loss that was minimised (policy + KL + entropy terms), mean over mini-batches",
+    "pg_loss": "the policy-gradient term",
+    "kl": "k3 KL to the reference policy (0.0 when kl_coef == 0: no reference is kept)",
+    "entropy": "mean token entropy of pi_theta on the batch",
+    "clip_frac": "share of valid tokens whose gradient the ratio clip removed",
+    "grad_norm": "gradient norm before clipping, mean over optimizer steps",
+}
+"""What every backend's `update` returns (python floats), named as the run record's columns. A backend may return
+more (its own names); these are checked by the contract test."""
+
+
+@dataclass(frozen=True)
+class Response:
+    """One sampled response: token ids and, per token, the behaviour log-prob under the policy that sampled it
+    (at the sampling temperature). `logprobs` is None when the caller asked for none (evaluation)."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...] | None
+
+    def __post_init__(self):
+        if self.logprobs is not None and len(self.logprobs) != len(self.tokens):
+            raise ValueError(f"{len(self.tokens)} tokens but {len(self.logprobs)} log-probs")
+
+
+@dataclass(frozen=True)
+class UpdateBatch:
+    """The training batch of one step, group by group (X1 + X2 + X3 in that order).
+
+    prompts[i]     the backend's own encoding of group i's prompt (from `encode`)
+    responses[i]   its G responses, with the stored behaviour log-probs of whichever policy sampled them
+    rewards[i]     one 0/1 reward per response
+    advantages[i]  one advantage per response (GRPO's group baseline); None: the backend derives its own (critic)
+    step           the training step this update belongs to (verl logs it as global_steps)
+    """
+
+    prompts: tuple[Any, ...]
+    responses: tuple[tuple[Response, ...], ...]
+    rewards: tuple[tuple[float, ...], ...]
+    advantages: tuple[tuple[float, ...], ...] | None = None
+    step: int = 0
+
+    def __post_init__(self):
+        n = len(self.prompts)
+        if len(self.responses) != n or len(self.rewards) != n or (self.advantages is not None
+                                                                  and len(self.advantages) != n):
+            raise ValueError("UpdateBatch: prompts, responses, rewards (and advantages) need one entry per group")
+        for i, rs in enumerate(self.responses):
+            if len(self.rewards[i]) != len(rs) or (self.advantages is not None and len(self.advantages[i]) != len(rs)):
+                raise ValueError(f"UpdateBatch: group {i} has {len(rs)} responses but not as many rewards/advantages")
+            if any(r.logprobs is None for r in rs):
+                raise ValueError(f"UpdateBatch: group {i} has a response without behaviour log-probs")
+
+    def __len__(self) -> int:
+        return len(self.prompts)
+
+    def sequences(self) -> list[tuple[int, Any, Response, float, float | None]]:
+        """Flat view, one row per response: (group index, prompt, response, reward, advantage or None)."""
+        return [(i, p, r, self.rewards[i][j], None if self.advantages is None else self.advantages[i][j])
+                for i, (p, rs) in enumerate(zip(self.prompts, self.responses)) for j, r in enumerate(rs)]
+
+    def select(self, groups: list[int]) -> "UpdateBatch":
+        """The batch restricted to the given groups (in that order)."""
+        pick = lambda xs: tuple(xs[i] for i in groups)  # noqa: E731
+        return UpdateBatch(pick(self.prompts), pick(self.responses), pick(self.rewards),
+                           None if self.advantages is None else pick(self.advantages), self.step)
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the trainer and `bapo eval` call. Versions are counted by the trainer, never here."""
+
+    name: str
+
+    def encode(self, problem: Problem) -> Any:
+        """The prompt as this backend feeds it to its model (token ids, images); opaque to the trainer."""
+
+    def decode(self, tokens: tuple[int, ...]) -> str: ...
+
+    def generate(self, prompts: list, n: int, policy: Policy = "rollout", *, greedy: bool = False,
+                 logprobs: bool = True) -> list[list[Response]]:
+        """n responses per prompt from alpha or pi_theta; `greedy` decodes greedily (evaluation, n == 1);
+        `logprobs=False` skips the behaviour log-probs (Response.logprobs is None)."""
+
+    def sync(self) -> None:
+        """alpha <- pi_theta (the trainer calls it when t % v == 0)."""
+
+    def update(self, batch: UpdateBatch) -> dict[str, float]:
+        """One clipped policy update on the batch, against its stored behaviour log-probs; returns at least
+        UPDATE_METRICS, or none of them when it could train on none of the batch (pi_theta unchanged)."""
+
+    def state_dict(self) -> dict:
+        """Small bookkeeping that travels in the trainer's checkpoint (not weights)."""
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+    def save_checkpoint(self, path: Path, step: int) -> None:
+        """Weights, optimizer and random state of step `step` into the (new, empty) folder `path`."""
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Everything `save_checkpoint` wrote (call after load_state_dict)."""
+
+    def load_policy(self, path: Path) -> None:
+        """Only pi_theta's weights from a checkpoint folder written by `save_checkpoint` (evaluation)."""
+
+    def save_pretrained(self, path: Path) -> None:
+        """pi_theta in Hugging Face format (from_pretrained loads it)."""
+
+
+# --- shared by both backends --------------------------------------------------------------------------------------
+
+
+@dataclass
+class Packed:
+    """A batch laid out as [left pad][prompt][response][right pad]; responses start at column P."""
+
+    input_ids: torch.Tensor  # (N, P + R)
+    attention_mask: torch.Tensor  # (N, P + R)
+    response_mask: torch.Tensor  # (N, R)
+    P: int
+    R: int
+
+
+def pack(prompt_ids: list, responses: list | None, pad_id: int, min_response: int = 0) -> Packed:
+    """Left-pad the prompts to the longest, right-pad the responses (if any) to the longest (at least
+    `min_response` columns)."""
+    N = len(prompt_ids)
+    P = max(len(p) for p in prompt_ids)
+    R = max([min_response, *(len(r) for r in responses)]) if responses is not None else 0
+    ids = torch.full((N, P + R), pad_id, dtype=torch.long)
+    mask = torch.zeros(N, P + R, dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, P - len(p):P], mask[i, P - len(p):P] = torch.as_tensor(p, dtype=torch.long), 1
+        if responses is not None and len(responses[i]):
+            r = responses[i]
+            ids[i, P:P + len(r)], mask[i, P:P + len(r)] = torch.as_tensor(r, dtype=torch.long), 1
+    return Packed(ids, mask, mask[:, P:], P, R)
+
+
+def right_pad(rows: list, width: int, value: float = 0.0, dtype=torch.float32) -> torch.Tensor:
+    """(N, width) tensor of per-token values, each row right-padded with `value`."""
+    out = torch.full((len(rows), width), value, dtype=dtype)
+    for i, r in enumerate(rows):
+        if len(r):
+            out[i, :len(r)] = torch.as_tensor(r, dtype=dtype)
+    return out
+
+
+def old_logprobs(behaviour: torch.Tensor, tis_threshold: float | None,
+                 proximal: Callable[[], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The log-probs the ratio is taken against, and truncated-IS weights. Off by default (paper): the stored
+    behaviour log-probs, no weights. With tis_threshold ([code]): the ratio against the proximal policy
+    (`proximal()`, pi_theta before this update) and min(prox / behaviour, threshold) as token weights."""
+    if tis_threshold is None:
+        return behaviour, None
+    prox = proximal()
+    return prox, truncated_is_weights(prox, behaviour, tis_threshold)

@@ -1,0 +1,130 @@
+"""Both backends against the one contract, bapo_vl/backends/base.py: the embedded backend for real, the verl backend
+over its stand-ins for verl's GPU workers (tests/test_verl.py). A backend that drops a method or a metric, renames a
+parameter, or hands back another type than the contract's fails here."""
+import dataclasses
+import inspect
+import math
+
+import pytest
+import torch
+
+from bapo_vl.backends.base import UPDATE_METRICS, Backend, Response, UpdateBatch
+from bapo_vl.backends.embedded import EmbeddedBackend
+from bapo_vl.config import load_config
+from bapo_vl.plugins import get_task
+from bapo_vl.record import read_run
+from bapo_vl.tiny import build_qwen2
+from bapo_vl.train import train
+
+from test_verl import make_verl  # the stand-ins for verl's rollout manager, FSDP actor and checkpoint engine
+
+G = 4
+PROTOCOL_METHODS = [name for name, _ in inspect.getmembers(Backend, inspect.isfunction) if not name.startswith("_")]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    root = tmp_path_factory.mktemp("contract")
+    model, tok = build_qwen2(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
+    model.save_pretrained(root / "model")
+    tok.save_pretrained(root / "model")
+    return root / "model"
+
+
+def make_cfg(model_dir, tmp_path, **kw):
+    values = dict(task="countdown", task_options="{template: compact}", model=model_dir, device="cpu",
+                  dtype="float32", batch_size=4, group_size=G, max_prompt_length=96, max_response_length=6,
+                  mini_batch_size=4, micro_batch_size=64, lr=1e-3, delay=2, reeval_every=1, c1=0.25,
+                  kl_coef=0.001, steps=3, run_dir=tmp_path, seed=5, online_filter="none")  # a random model solves
+    # no countdown problem: without the filter every group is still trained on
+    values.update(kw)
+    return load_config(overrides=[f"{k}={v}" for k, v in values.items()])
+
+
+BACKENDS = {"embedded": EmbeddedBackend, "verl": lambda cfg: make_verl(cfg, dp_size=1, num_workers=1)}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def kind(request):
+    return request.param
+
+
+def test_each_backend_declares_the_whole_contract(kind, model_dir, tmp_path):
+    # Could fail if a backend lacked a method or named / ordered its parameters otherwise than the Protocol.
+    backend = BACKENDS[kind](make_cfg(model_dir, tmp_path))
+    assert isinstance(backend, Backend)
+    assert {"encode", "generate", "update", "sync", "save_checkpoint", "load_policy"} <= set(PROTOCOL_METHODS)
+    for name in PROTOCOL_METHODS:
+        want = list(inspect.signature(getattr(Backend, name)).parameters)[1:]
+        got = list(inspect.signature(getattr(backend, name)).parameters)
+        assert got == want, f"{kind}.{name}{got} != Backend.{name}{want}"
+    assert isinstance(backend.name, str) and backend.name == kind
+
+
+def test_generate_hands_back_responses_with_behaviour_logprobs(kind, model_dir, tmp_path):
+    # Could fail if a backend returned tuples, lists, tensors or numpy scalars instead of Response(tuple[int],
+    # tuple[float]), a wrong number of responses, log-probs of another length, or log-probs when asked for none.
+    cfg = make_cfg(model_dir, tmp_path)
+    backend = BACKENDS[kind](cfg)
+    problems = get_task("countdown").load(split="train", template="compact")[:3]
+    prompts = [backend.encode(p) for p in problems]
+    for policy in ("rollout", "current"):
+        out = backend.generate(prompts, G, policy=policy)
+        assert type(out) is list and len(out) == 3 and all(type(g) is list and len(g) == G for g in out)
+        for r in (r for g in out for r in g):
+            assert type(r) is Response and type(r.tokens) is tuple and type(r.logprobs) is tuple
+            assert 1 <= len(r.tokens) <= cfg.max_response_length and len(r.logprobs) == len(r.tokens)
+            assert all(type(t) is int for t in r.tokens) and all(type(x) is float and x <= 0 for x in r.logprobs)
+            assert isinstance(backend.decode(r.tokens), str)
+    if kind == "embedded":  # evaluation's options (the verl backend refuses greedy decoding with a clear error)
+        bare = backend.generate(prompts, 1, policy="current", greedy=True, logprobs=False)
+        assert all(r.logprobs is None for g in bare for r in g)
+        assert bare == backend.generate(prompts, 1, policy="current", greedy=True, logprobs=False)
+
+
+def test_update_returns_every_metric_as_a_float(kind, model_dir, tmp_path):
+    # Could fail if a backend dropped or renamed one of UPDATE_METRICS, or returned tensors / lists / None.
+    cfg = make_cfg(model_dir, tmp_path)
+    backend = BACKENDS[kind](cfg)
+    problems = get_task("countdown").load(split="train", template="compact")[:4]
+    prompts = [backend.encode(p) for p in problems]
+    responses = backend.generate(prompts, G)
+    rewards = tuple(tuple(float(j % 2) for j in range(G)) for _ in problems)
+    advantages = tuple(tuple(1.0 if w else -1.0 for w in ws) for ws in rewards)
+    batch = UpdateBatch(tuple(prompts), tuple(tuple(g) for g in responses), rewards, advantages, step=1)
+    metrics = backend.update(batch)
+    missing = set(UPDATE_METRICS) - set(metrics)
+    assert not missing, f"{kind} dropped {sorted(missing)}"
+    for name in UPDATE_METRICS:
+        assert type(metrics[name]) is float and math.isfinite(metrics[name]), (name, metrics[name])
+    assert metrics["grad_norm"] > 0 and metrics["entropy"] > 0 and metrics["kl"] >= 0
+
+
+def test_the_update_batch_is_checked_and_frozen():
+    # Could fail if a malformed batch reached a backend (it would train on misaligned rewards) or could be mutated.
+    r = Response((1, 2), (-0.1, -0.2))
+    with pytest.raises(ValueError, match="2 tokens but 1 log-probs"):
+        Response((1, 2), (-0.1,))
+    with pytest.raises(ValueError, match="group 0"):
+        UpdateBatch(({},), ((r, r),), ((1.0,),))
+    with pytest.raises(ValueError, match="without behaviour log-probs"):
+        UpdateBatch(({},), ((Response((1,), None),),), ((1.0,),))
+    batch = UpdateBatch(({"a": 1}, {"b": 2}), ((r,), (r,)), ((1.0,), (0.0,)), ((0.5,), (-0.5,)), step=3)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        batch.step = 4
+    assert batch.select([1]).rewards == ((0.0,),) and batch.select([1]).step == 3
+    assert [(g, w, a) for g, _, _, w, a in batch.sequences()] == [(0, 1.0, 0.5), (1, 0.0, -0.5)]
+
+
+def test_metric_names_reach_the_run_record(kind, model_dir, tmp_path):
+    # Could fail if a backend's names did not match the record's (a verl run once left loss/KL/entropy/clip-fraction
+    # columns empty because verl's actor/* names passed through).
+    cfg = make_cfg(model_dir, tmp_path, name=kind)
+    run_dir = train(cfg, quiet=True, backend=BACKENDS[kind](cfg))
+    steps = read_run(run_dir)["steps"]
+    assert [s["step"] for s in steps] == [1, 2, 3]
+    trained = [s for s in steps if s["trained_groups"]]
+    assert trained, "no step trained a group: the test proves nothing"
+    for s in trained:
+        for name in UPDATE_METRICS:
+            assert isinstance(s.get(name), float) and math.isfinite(s[name]), (s["step"], name, s.get(name))
