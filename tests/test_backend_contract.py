@@ -120,7 +120,8 @@ def test_metric_names_reach_the_run_record(kind, model_dir, tmp_path):
     # Could fail if a backend's names did not match the record's (a verl run once left loss/KL/entropy/clip-fraction
     # columns empty because verl's actor/* names passed through).
     cfg = make_cfg(model_dir, tmp_path, name=kind)
-    run_dir = train(cfg, quiet=True, backend=BACKENDS[kind](cfg))
+    backend = BACKENDS[kind](cfg)
+    run_dir = train(cfg, quiet=True, backend=backend)
     steps = read_run(run_dir)["steps"]
     assert [s["step"] for s in steps] == [1, 2, 3]
     trained = [s for s in steps if s["trained_groups"]]
@@ -128,3 +129,9 @@ def test_metric_names_reach_the_run_record(kind, model_dir, tmp_path):
     for s in trained:
         for name in UPDATE_METRICS:
             assert isinstance(s.get(name), float) and math.isfinite(s[name]), (s["step"], name, s.get(name))
+    # final/ is a Hugging Face model holding the trained weights (verl: merged by verl's own model merger)
+    from transformers import AutoModelForCausalLM
+
+    final = AutoModelForCausalLM.from_pretrained(run_dir / "final").state_dict()
+    trained = (backend.policy if kind == "embedded" else backend.actor.policy).state_dict()
+    assert all(torch.equal(v, trained[k].to(v.dtype)) for k, v in final.items())

@@ -152,6 +152,10 @@ def test_trim_rule():
     assert trainable_groups(3, 8, 4, 8) == 3  # one smaller step: 24 % 8 == 0
     assert trainable_groups(3, 2, 4, 8) == 0  # 6, 4, 2 sequences: none splits over 8 ranks
     assert trainable_groups(3, 2, 4, 4) == 2
+    # verl asserts whole micro-batches per rank: 15 groups of 8 under a mini-batch of 16 prompts, micro 16 -> 14
+    # (112 sequences = 7 micro-batches); with micro 64 only 8 groups (one micro-batch) remain
+    assert trainable_groups(15, 8, 16, 1, 16) == 14 and trainable_groups(15, 8, 16, 1, 64) == 8
+    assert trainable_groups(15, 8, 16, 2, 16) == 12  # 96 sequences: 48 per rank, 3 micro-batches each
 
 
 # --- stand-ins for verl's GPU workers -----------------------------------------------------------------------------
@@ -346,13 +350,23 @@ class StandInActor:
         self.cpu_saved.pop(n, None)
 
     def save_checkpoint(self, local_path, hdfs_path=None, global_step=0, max_ckpt_to_keep=None):
-        Path(local_path).mkdir(parents=True, exist_ok=True)
-        torch.save({"model": self.policy.state_dict(), "optim": self.optimizer.state_dict()}, f"{local_path}/ckpt.pt")
+        """The files verl's FSDP checkpoint manager writes at world size 1 (what verl's model merger reads):
+        model / optimizer shards, fsdp_config.json and the Hugging Face config + tokenizer in huggingface/."""
+        import json
+
+        from transformers import AutoTokenizer
+
+        root = Path(local_path)
+        (root / "huggingface").mkdir(parents=True, exist_ok=True)
+        torch.save(self.policy.state_dict(), root / "model_world_size_1_rank_0.pt")
+        torch.save(self.optimizer.state_dict(), root / "optim_world_size_1_rank_0.pt")
+        (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
+        self.policy.config.save_pretrained(root / "huggingface")
+        AutoTokenizer.from_pretrained(self.cfg.model).save_pretrained(root / "huggingface")
 
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
-        state = torch.load(f"{local_path}/ckpt.pt")
-        self.policy.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optim"])
+        self.policy.load_state_dict(torch.load(Path(local_path) / "model_world_size_1_rank_0.pt"))
+        self.optimizer.load_state_dict(torch.load(Path(local_path) / "optim_world_size_1_rank_0.pt"))
 
 
 class StandInCheckpointManager:
@@ -539,7 +553,7 @@ def test_resume_round_trip(model_dir, tmp_path):
     b.load_state_dict(state)
     b_backend.load_checkpoint(tmp_path / "ck")
     assert same(b_backend.rollout_manager.engine, alpha)  # the stale alpha is back in the engine
-    assert same(b_backend.actor.policy, torch.load(tmp_path / "ck" / "actor" / "ckpt.pt")["model"])
+    assert same(b_backend.actor.policy, torch.load(tmp_path / "ck" / "actor" / "model_world_size_1_rank_0.pt"))
     assert [uids(b.step(t)) for t in (5, 6)] == cont
 
 
@@ -608,11 +622,17 @@ def test_ray_trainer_actor_forwards_to_verls_trainer_and_worker_group(model_dir)
         def __getattr__(self, method):
             return lambda *args, **kwargs: calls.append(("wg", method, args, kwargs))
 
+    from omegaconf import OmegaConf
+
+    seen_mini = []
+
     class FakeRayPPOTrainer:
         actor_rollout_wg = WorkerGroup()
+        config = OmegaConf.create({"actor_rollout_ref": {"actor": {"ppo_mini_batch_size": 16}, "rollout": {"n": 2}}})
 
         def _update_actor(self, batch):
             calls.append(("trainer", "_update_actor", (batch,), {}))
+            seen_mini.append(self.config.actor_rollout_ref.actor.ppo_mini_batch_size)
             return "actor output"
 
         def _compute_old_log_prob(self, batch):
@@ -626,6 +646,8 @@ def test_ray_trainer_actor_forwards_to_verls_trainer_and_worker_group(model_dir)
     actor = RayTrainerActor(FakeRayPPOTrainer())
     batch = DataProto.from_dict(tensors={"input_ids": torch.zeros(2, 3, dtype=torch.long)})
     assert actor.update_actor(batch) == "actor output"
+    # a batch smaller than one mini-batch (1 prompt x n=2) is trained as one smaller mini-batch, then reset
+    assert seen_mini == [1] and actor.trainer.config.actor_rollout_ref.actor.ppo_mini_batch_size == 16
     assert actor.compute_log_prob(batch) == "old log-probs"  # the DataProto, not (DataProto, mfu)
     assert actor.compute_ref_log_prob(batch) == "ref log-probs"
     actor.save_model_to_cpu(ALPHA)

@@ -24,11 +24,12 @@ stale alpha is put back. alpha is kept as a CPU snapshot of the actor shards tak
 save current -> restore alpha -> update_weights -> restore current. Cost per re-evaluation: two weight pushes to
 the engine and two CPU copies of the actor shards (the authors' code also forces a temporary sync).
 
-Batch trimming (`trainable_groups`): verl splits the update batch across the data-parallel ranks (length must be
-divisible by dp = actor world size) and each rank into mini-batches of `mini_batch_size` prompts. BAPO batches vary in
-size, so the last groups of the batch (X3 first, then X2: the batch is X1 + X2 + X3) are dropped so that
+Batch trimming (`trainable_groups`): verl splits the update batch across the data-parallel ranks and each rank's
+share into micro-batches of `ppo_micro_batch_size_per_gpu` sequences (it asserts whole ones), in mini-batches of
+`mini_batch_size` prompts. BAPO batches vary in size, so the last groups of the batch (X3 first, then X2: the batch
+is X1 + X2 + X3) are dropped so that
   n_groups >= mini:  n_groups -> floor(n_groups / mini) * mini           (full mini-batches only)
-  n_groups <  mini:  the largest k <= n_groups with k * G % dp == 0      (one smaller optimizer step)
+  n_groups <  mini:  the largest k <= n_groups with k * G % (dp * micro) == 0   (one smaller optimizer step)
 and the number dropped is reported as `trimmed_groups`.
 """
 from __future__ import annotations
@@ -136,12 +137,12 @@ def mrope_position_ids(processor):
     return position_ids
 
 
-def trainable_groups(n_groups: int, group_size: int, mini_batch_size: int, dp_size: int) -> int:
+def trainable_groups(n_groups: int, group_size: int, mini_batch_size: int, dp_size: int, micro_per_gpu: int = 1) -> int:
     """How many groups of the batch verl can train on (see the module docstring)."""
     if n_groups >= mini_batch_size:
         return (n_groups // mini_batch_size) * mini_batch_size
     k = n_groups
-    while k > 0 and (k * group_size) % dp_size:
+    while k > 0 and (k * group_size) % (dp_size * micro_per_gpu):
         k -= 1
     return k
 
@@ -157,6 +158,7 @@ class VerlBackend:
 
     def __init__(self, cfg, rollout_manager, actor, checkpoint_manager, tokenizer, processor=None, *,
                  task_name: str | None = None, divisor: int = 1, dp_size: int = 1, mini_batch_size: int | None = None,
+                 micro_batch_size_per_gpu: int = 1,
                  rollout_name: str = "vllm", free_cache_engine: bool = False, position_ids_fn=None):
         validate_verl_config(rollout_name, free_cache_engine, cfg.delay)
         if cfg.critic:
@@ -165,11 +167,12 @@ class VerlBackend:
         self.cfg, self.rollout_manager, self.actor, self.checkpoint_manager = cfg, rollout_manager, actor, checkpoint_manager
         self.tokenizer, self.processor = tokenizer, processor
         self.task_name = task_name or cfg.task
-        self.divisor, self.dp_size = divisor, dp_size
+        self.divisor, self.dp_size, self.micro_per_gpu = divisor, dp_size, micro_batch_size_per_gpu
         self.mini_batch_size = mini_batch_size or cfg.mini_batch_size
-        if (self.mini_batch_size * cfg.group_size) % dp_size:
+        if (self.mini_batch_size * cfg.group_size) % (dp_size * micro_batch_size_per_gpu):
             raise VerlConfigError(f"mini_batch_size*group_size={self.mini_batch_size * cfg.group_size} sequences must "
-                                  f"be divisible by the data-parallel size {dp_size}")
+                                  f"be divisible by the data-parallel size {dp_size} times ppo_micro_batch_size_per_gpu "
+                                  f"{micro_batch_size_per_gpu}")
         self.snapshots = cfg.delay > 1 and cfg.use_x2
         if self.snapshots and not all(hasattr(actor, m) for m in ("save_model_to_cpu", "restore_model_from_cpu")):
             raise VerlConfigError("re-evaluation (use_x2) with delay>1 needs an actor worker with save_model_to_cpu / "
@@ -319,7 +322,7 @@ class VerlBackend:
         if batch.advantages is None:
             raise VerlConfigError("the verl backend needs the trainer's advantages (critic=True is embedded-only)")
         self.step = batch.step
-        keep = trainable_groups(len(batch), self.cfg.group_size, self.mini_batch_size, self.dp_size)
+        keep = trainable_groups(len(batch), self.cfg.group_size, self.mini_batch_size, self.dp_size, self.micro_per_gpu)
         metrics = {"trimmed_groups": len(batch) - keep}
         if keep == 0:
             return metrics
@@ -389,6 +392,14 @@ class VerlBackend:
         self.sync()
 
     def save_pretrained(self, path):
-        """Hugging Face export is verl's model merger (`python -m verl.model_merger merge --backend fsdp
-        --local_dir <ckpt>/actor --target_dir <path>`); here the latest actor checkpoint is written."""
+        """pi_theta in Hugging Face format: verl's actor checkpoint in path/actor, merged into path by verl's own
+        model merger (`python -m verl.model_merger merge --backend fsdp`), so from_pretrained(path) loads it."""
+        from verl.model_merger.base_model_merger import ModelMergerConfig
+        from verl.model_merger.fsdp_model_merger import FSDPModelMerger
+
         self.actor.save_checkpoint(f"{path}/actor", global_step=self.step)
+        merger = FSDPModelMerger(ModelMergerConfig(operation="merge", backend="fsdp", local_dir=f"{path}/actor",
+                                                   target_dir=str(path),
+                                                   hf_model_config_path=f"{path}/actor/huggingface"))
+        merger.merge_and_save()
+        merger.cleanup()

@@ -38,15 +38,17 @@ def load_configs(path: str, overrides: list[str]):
     data = yaml.safe_load(Path(path).read_text())
     bapo = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
             for k, v in (data.get("bapo") or {}).items()]
-    verl_over = [f"{k}={v}" for k, v in (data.get("verl") or {}).items()]
+    verl_keys = {k: str(v) for k, v in (data.get("verl") or {}).items()}
     for item in overrides:
         scope, _, rest = item.partition(".")
         if scope == "bapo":
             bapo.append(rest)
         elif scope == "verl":
-            verl_over.append(rest)
+            key, _, value = rest.partition("=")
+            verl_keys[key] = value  # the command line wins over the preset file (hydra refuses a key twice)
         else:
             raise ValueError(f"override {item!r}: prefix it with bapo. or verl.")
+    verl_over = [f"{k}={v}" for k, v in verl_keys.items()]
     cfg = load_config(preset=data.get("preset"), overrides=bapo)
     derived = derived_settings(cfg)
     for item in verl_over:
@@ -67,13 +69,16 @@ def load_configs(path: str, overrides: list[str]):
 def derived_settings(cfg) -> dict[str, tuple[str, object]]:
     """verl keys decided by our Config: {dotted verl key: (our field, value)}. One place per setting: a `verl.`
     override of any of these is refused."""
+    from bapo_vl.backends.embedded import resolve_model
     from bapo_vl.backends.verl_loss import actor_settings
 
     out = {f"actor_rollout_ref.actor.{k}": v for k, v in actor_settings(cfg).items()}
     rollout = "actor_rollout_ref.rollout."
     out.update({
         "trainer.use_v1": ("(BAPO needs the legacy trainer)", False),
-        "actor_rollout_ref.model.path": ("model", cfg.model),
+        "algorithm.adv_estimator": ("(the Trainer computes GRPO advantages)", "grpo"),
+        "critic.enable": ("critic (BA-PPO is embedded-only)", False),
+        "actor_rollout_ref.model.path": ("model", resolve_model(cfg.model)),  # bundled names as the embedded one
         rollout + "calculate_log_probs": ("(BAPO needs behaviour log-probs)", True),
         "actor_rollout_ref.actor.calculate_entropy": ("(the run record's entropy column)", True),
         rollout + "n": ("group_size", cfg.group_size),
@@ -85,6 +90,7 @@ def derived_settings(cfg) -> dict[str, tuple[str, object]]:
         "data.max_prompt_length": ("max_prompt_length", cfg.max_prompt_length),
         "data.max_response_length": ("max_response_length", cfg.max_response_length),
         "data.train_batch_size": ("batch_size", cfg.batch_size),
+        "trainer.total_training_steps": ("steps", cfg.steps),
         "reward.custom_reward_function.path": ("(our verifiers)", str(Path(__file__).with_name("verl_data.py"))),
         "reward.custom_reward_function.name": ("(our verifiers)", "compute_score"),
     })
@@ -108,9 +114,13 @@ def build_verl_workers(vcfg):
             runner.role_worker_mapping[role] = ray.remote(DetachActorWorker)
     runner.add_ref_policy_worker(vcfg, runner.role_worker_mapping.get(Role.ActorRollout))
     model_config = omega_conf_to_dataclass(vcfg.actor_rollout_ref.model)
+    # verl's own dataloaders are never iterated (our PromptSampler feeds the Trainer): placeholders of the right
+    # length stand in for data.train_files / val_files
+    placeholder = [{}] * vcfg.data.train_batch_size
     trainer = RayPPOTrainer(config=vcfg, tokenizer=model_config.tokenizer, processor=model_config.processor,
                             role_worker_mapping=runner.role_worker_mapping,
-                            resource_pool_manager=runner.init_resource_pool_mgr(vcfg), ray_worker_group_cls=group_cls)
+                            resource_pool_manager=runner.init_resource_pool_mgr(vcfg), ray_worker_group_cls=group_cls,
+                            train_dataset=placeholder, val_dataset=placeholder[:1])
     trainer.init_workers()
     trainer.checkpoint_manager.update_weights(0)  # engine <- initial actor weights (as fit() does first)
     rollout = vcfg.actor_rollout_ref.rollout
@@ -119,6 +129,7 @@ def build_verl_workers(vcfg):
         rollout_manager=trainer.async_rollout_manager, actor=RayTrainerActor(trainer),
         checkpoint_manager=trainer.checkpoint_manager, tokenizer=model_config.tokenizer,
         processor=model_config.processor, divisor=rollout.agent.num_workers, dp_size=n_gpus,
+        micro_batch_size_per_gpu=vcfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or 1,
         rollout_name=rollout.name, free_cache_engine=rollout.free_cache_engine)
 
 
@@ -129,7 +140,19 @@ class RayTrainerActor:
         self.trainer, self.wg = trainer, trainer.actor_rollout_wg
 
     def update_actor(self, batch):
-        return self.trainer._update_actor(batch)
+        """RayPPOTrainer._update_actor, with the mini-batch cut to the batch when the batch is smaller than one
+        (VerlBackend's trimming keeps such a batch as one smaller optimizer step; verl asserts whole mini-batches)."""
+        from omegaconf import open_dict
+
+        actor = self.trainer.config.actor_rollout_ref.actor
+        configured, groups = actor.ppo_mini_batch_size, len(batch) // self.trainer.config.actor_rollout_ref.rollout.n
+        with open_dict(actor):
+            actor.ppo_mini_batch_size = min(configured, groups)
+        try:
+            return self.trainer._update_actor(batch)
+        finally:
+            with open_dict(actor):
+                actor.ppo_mini_batch_size = configured
 
     def compute_log_prob(self, batch):
         return self.trainer._compute_old_log_prob(batch)[0]

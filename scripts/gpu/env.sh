@@ -1,0 +1,11 @@
+# Source on a GPU machine of the device tool, from the repo root, after the stack is unpacked in /tmp/site
+# (../shared/tools/gpu-stack/README.md): bapo_vl importable without pip (a copy laid out as the wheel installs it),
+# the stack on PYTHONPATH, and the settings that stack needs.
+set -e
+rm -rf /tmp/shim && mkdir -p /tmp/shim
+cp -r bapo_vl /tmp/shim/bapo_vl
+cp -r tasks /tmp/shim/bapo_vl/tasks && cp -r verifiers /tmp/shim/bapo_vl/verifiers && cp -r app /tmp/shim/bapo_vl/app
+export PYTHONPATH=/tmp/shim:/tmp/site
+export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0
+export TOKENIZERS_PARALLELISM=true RAY_DEDUP_LOGS=0
+set +e
