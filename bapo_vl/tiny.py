@@ -147,6 +147,14 @@ def build_processor(tokenizer=None, min_pixels: int = 56 * 56, max_pixels: int =
     )
 
 
+def mrope_sections(head_dim: int) -> list[int]:
+    """M-RoPE (temporal, height, width) sections in Qwen2.5-VL's 2:3:3 proportion, summing to head_dim / 2 as vLLM
+    asserts: [2, 3, 3] for head_dim 16, [16, 24, 24] for the 3B model's 128."""
+    half = head_dim // 2
+    hw = (half - half // 4) // 2
+    return [half - 2 * hw, hw, hw]
+
+
 def build_qwen2_5_vl(seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                      intermediate: int = 128, min_pixels: int = 56 * 56, max_pixels: int = 224 * 224,
                      tokenizer=None):
@@ -159,7 +167,7 @@ def build_qwen2_5_vl(seed: int = 0, hidden: int = 64, layers: int = 2, heads: in
     tid = tok.convert_tokens_to_ids
     text_config = dict(
         **_text_kwargs(hidden, layers, heads, kv_heads, intermediate, len(tok), 4096),
-        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": [2, 3, 3]},
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": mrope_sections(hidden // heads)},
         **ids,
     )
     vision_config = dict(VISION_CONFIG, out_hidden_size=hidden)

@@ -138,3 +138,19 @@ def test_default_policy_loads_and_solves_some():
     dec = tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     acc = sum(verify(d, {"nums": n, "target": t}).reward for d, (n, t, _) in zip(dec, problems)) / len(problems)
     assert 0.1 <= acc <= 0.8, acc  # 0.36 when shipped: it solves some, not most
+
+
+@pytest.mark.parametrize("hidden, heads, want", [(64, 4, [2, 3, 3]), (256, 2, [16, 24, 24])])
+def test_qwen2_5_vl_mrope_sections_fit_any_head_dim(hidden, heads, want):
+    # Could fail if the sections were hard-coded: vLLM asserts they sum to half the head dimension (the 3B model's
+    # head_dim 128 needs [16, 24, 24]), and transformers would silently rotate the wrong dimensions.
+    from PIL import Image
+
+    model, processor = build_qwen2_5_vl(hidden=hidden, heads=heads, kv_heads=1, layers=1, intermediate=64)
+    sections = model.config.get_text_config().rope_parameters["mrope_section"]
+    assert sections == want and sum(sections) == hidden // heads // 2
+    image = Image.new("RGB", (56, 56), "white")
+    text = processor.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x"}]}],
+                                         add_generation_prompt=True, tokenize=False)
+    out = model(**processor(text=[text], images=[image], return_tensors="pt"))
+    assert torch.isfinite(out.logits).all()
