@@ -5,7 +5,9 @@ set -e
 rm -rf /tmp/shim && mkdir -p /tmp/shim
 cp -r bapo_vl /tmp/shim/bapo_vl
 cp -r tasks /tmp/shim/bapo_vl/tasks && cp -r verifiers /tmp/shim/bapo_vl/verifiers && cp -r app /tmp/shim/bapo_vl/app
-export PYTHONPATH=/tmp/shim:/tmp/site
+# bapo-vl's own pure-Python dependencies the stack lacks (qwen-vl-utils), unpacked in .gpu-stack/extra and carried:
+#   pip download --no-deps qwen-vl-utils -d /tmp/qv && python -m zipfile -e /tmp/qv/*.whl .gpu-stack/extra
+export PYTHONPATH=/tmp/shim:/tmp/site:$PWD/.gpu-stack/extra
 export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0
 export TOKENIZERS_PARALLELISM=true RAY_DEDUP_LOGS=0
 set +e
