@@ -37,7 +37,8 @@ class Config:
     name: str | None = None
     """run name; default: <algo>-<task>-<timestamp>"""
     resume: str | None = None
-    """a run directory to continue from its latest checkpoint (model, optimizer, buffers, data position)"""
+    """a run directory to continue from its latest complete checkpoint, with the config recorded there (only steps,
+    save_every, log_samples, report_to, device, run_dir may change)"""
     seed: int = 42
     """seeds data order, sampling and BAPO's random choices"""
     steps: int = 100

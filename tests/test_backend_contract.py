@@ -13,22 +13,13 @@ from bapo_vl.backends.embedded import EmbeddedBackend
 from bapo_vl.config import load_config
 from bapo_vl.plugins import get_task
 from bapo_vl.record import read_run
-from bapo_vl.tiny import build_qwen2
 from bapo_vl.train import train
 
-from test_verl import make_verl  # the stand-ins for verl's rollout manager, FSDP actor and checkpoint engine
+# the stand-ins for verl's rollout manager, FSDP actor and checkpoint engine, and the tiny saved Qwen2 they run
+from test_verl import make_verl, model_dir  # noqa: F401 (model_dir is a fixture)
 
 G = 4
 PROTOCOL_METHODS = [name for name, _ in inspect.getmembers(Backend, inspect.isfunction) if not name.startswith("_")]
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    root = tmp_path_factory.mktemp("contract")
-    model, tok = build_qwen2(hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64)
-    model.save_pretrained(root / "model")
-    tok.save_pretrained(root / "model")
-    return root / "model"
 
 
 def make_cfg(model_dir, tmp_path, **kw):
