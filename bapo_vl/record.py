@@ -46,6 +46,7 @@ the readers refuse an old record with a message that says to run `bapo runs upgr
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import io
 import json
 import logging
@@ -465,6 +466,58 @@ def upgrade(run_dir) -> bool:
         return True
     finally:
         conn.close()
+
+
+# ----------------------------------------------------------------------------- one writer per run directory
+
+LOCK_NAME = ".lock"
+
+
+class RunLockedError(ValueError):
+    """Another trainer holds the run directory."""
+
+
+def lock_run_dir(run_dir):
+    """An exclusive lock on run_dir/.lock for the life of the returned file: one trainer per run directory.
+    The kernel drops it when the process dies, however it dies."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    fh = open(run_dir / LOCK_NAME, "a+")
+    try:
+        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        fh.seek(0)
+        holder = fh.read().strip() or "?"
+        fh.close()
+        raise RunLockedError(f"{run_dir} is being written by another trainer (pid {holder}); wait for it to "
+                             f"finish, or train into another directory") from None
+    fh.seek(0)
+    fh.truncate()
+    fh.write(str(os.getpid()))
+    fh.flush()
+    return fh
+
+
+def trainer_alive(run_dir) -> bool:
+    """Whether a trainer holds the run directory now (read-only: the lock file is neither created nor changed)."""
+    try:
+        fh = open(Path(run_dir) / LOCK_NAME)
+    except OSError:
+        return False
+    with fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(fh, fcntl.LOCK_UN)
+        return False
+
+
+def shown_status(run_dir, status: str) -> str:
+    """The recorded status, except that a run recorded as running whose trainer is gone shows as stopped."""
+    if status == "running" and not trainer_alive(run_dir):
+        return "stopped (killed?)"
+    return status
 
 
 # ----------------------------------------------------------------------------- read-only access

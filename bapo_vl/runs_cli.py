@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from bapo_vl.reader import read_run
-from bapo_vl.record import DB_NAME, SCHEMA_VERSION, find_runs, query_ro, read_meta, upgrade
+from bapo_vl.record import DB_NAME, SCHEMA_VERSION, find_runs, query_ro, read_meta, shown_status, upgrade
 
 # per-step columns shown by `runs show` (header, key, format)
 SHOW_COLUMNS = [
@@ -54,11 +54,12 @@ def _brief(run_dir: Path) -> list[str]:
     meta = read_meta(run_dir)
     if int(meta.get("schema_version", 0)) < SCHEMA_VERSION:  # listed, but its steps are read after an upgrade
         return [meta.get("name", run_dir.name), f"old record: bapo runs upgrade {run_dir}", "-", "-",
-                meta.get("created_at", "")[:19].replace("T", " ")]
+                meta.get("created_at", "")[:19].replace("T", " "), str(run_dir)]
     n, last = query_ro(run_dir, "SELECT COUNT(*), MAX(step) FROM steps")[0]
     reward = query_ro(run_dir, "SELECT fresh_reward FROM steps WHERE step = ?", (last,))
-    return [meta.get("name", run_dir.name), meta.get("status", "?"), str(n),
-            _fmt(reward[0][0] if reward else None, "{:.3f}"), meta.get("created_at", "")[:19].replace("T", " ")]
+    return [meta.get("name", run_dir.name), shown_status(run_dir, meta.get("status", "?")), str(n),
+            _fmt(reward[0][0] if reward else None, "{:.3f}"), meta.get("created_at", "")[:19].replace("T", " "),
+            str(run_dir)]
 
 
 def cmd_runs_list(root: str = "runs") -> int:
@@ -67,7 +68,7 @@ def cmd_runs_list(root: str = "runs") -> int:
     if not runs:
         print(f"no runs under {root}/")
         return 0
-    _print_table(f"runs under {root}/", ["name", "status", "steps", "last fresh reward", "created (UTC)"],
+    _print_table(f"runs under {root}/", ["name", "status", "steps", "last fresh reward", "created (UTC)", "path"],
                  [_brief(d) for d in runs])
     return 0
 
@@ -112,7 +113,7 @@ def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
         print(json.dumps(rec, allow_nan=False))
         return 0
     meta, summary = rec["meta"], rec["summary"]
-    print(f"{meta.get('name')}  [{meta.get('status')}]  {run_dir}  backend={meta.get('backend')}  "
+    print(f"{meta.get('name')}  [{shown_status(run_dir, meta.get('status'))}]  {run_dir}  backend={meta.get('backend')}  "
           f"bapo-vl {meta.get('bapo_vl_version')}")
     print("config:", json.dumps(rec["config"], indent=2))
     _print_table("steps", [h for h, _, _ in SHOW_COLUMNS],

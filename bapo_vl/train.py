@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import json
 import logging
 import os
@@ -14,7 +13,7 @@ import torch
 
 from bapo_vl.config import Config
 from bapo_vl.plugins import get_task
-from bapo_vl.record import FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, make_sinks, query_ro
+from bapo_vl.record import FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir, make_sinks, query_ro
 from bapo_vl.trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -75,30 +74,6 @@ def save_checkpoint(trainer: Trainer, run_dir: Path, step: int) -> Path:
     return path
 
 
-def lock_run_dir(run_dir: Path):
-    """An exclusive lock on run_dir/.lock for the life of the returned file: one trainer per run directory.
-    The kernel drops it when the process dies, however it dies."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    fh = open(run_dir / ".lock", "a+")
-    try:
-        fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        fh.seek(0)
-        holder = fh.read().strip() or "?"
-        fh.close()
-        raise RunLockedError(f"{run_dir} is being written by another trainer (pid {holder}); wait for it to "
-                             f"finish, or train into another directory") from None
-    fh.seek(0)
-    fh.truncate()
-    fh.write(str(os.getpid()))
-    fh.flush()
-    return fh
-
-
-class RunLockedError(ValueError):
-    """Another trainer holds the run directory."""
-
-
 def recorded_config(run_dir) -> dict:
     """The config a run was started with, as its record holds it."""
     rows = query_ro(run_dir, "SELECT json FROM config")
@@ -131,13 +106,7 @@ def open_run(cfg: Config, trainer: Trainer, problems) -> tuple[Path, RunRecord, 
     steps recorded after that checkpoint are dropped, since they are trained again. The caller holds the lock."""
     if cfg.resume:
         run_dir = Path(cfg.resume)
-        steps = checkpoint_steps(run_dir)
-        if not steps:
-            raise FileNotFoundError(f"resume={run_dir}: no complete checkpoint in {run_dir / 'checkpoints'}")
-        start = steps[-1]
-        path = run_dir / "checkpoints" / f"step_{start}"
-        trainer.load_state_dict(torch.load(path / STATE, weights_only=False))
-        trainer.backend.load_checkpoint(path)
+        start = load_newest_checkpoint(trainer, run_dir)
         record = RunRecord.open(run_dir, truncate_after=start, sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
         record.set_verifier(getattr(trainer.task, "version", ""), start + 1)
         return run_dir, record, start
@@ -147,6 +116,23 @@ def open_run(cfg: Config, trainer: Trainer, problems) -> tuple[Path, RunRecord, 
     record.set_verifier(getattr(trainer.task, "version", ""), 1)
     record.log_problems(problems)
     return run_dir, record, 0
+
+
+def load_newest_checkpoint(trainer: Trainer, run_dir: Path) -> int:
+    """Restore the newest checkpoint that loads; one that does not (a file damaged after it was written) is
+    reported and the one before it tried. Returns its step."""
+    steps = checkpoint_steps(run_dir)
+    for step in reversed(steps):
+        path = run_dir / "checkpoints" / f"step_{step}"
+        try:
+            trainer.load_state_dict(torch.load(path / STATE, weights_only=False))
+            trainer.backend.load_checkpoint(path)
+            return step
+        except Exception as e:  # noqa: BLE001 - any damage: fall back to the previous checkpoint
+            log.warning("resume: %s does not load (%s: %s); trying the checkpoint before it", path,
+                        type(e).__name__, e)
+    raise FileNotFoundError(f"resume={run_dir}: no checkpoint in {run_dir / 'checkpoints'} loads"
+                            + (f" (tried steps {', '.join(map(str, reversed(steps)))})" if steps else ""))
 
 
 def run_path(cfg: Config) -> Path:

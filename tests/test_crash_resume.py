@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from bapo_vl.cli import main
-from bapo_vl.train import lock_run_dir
+from bapo_vl.record import lock_run_dir
 
 ARGS = ["steps=6", "batch_size=4", "group_size=4", "delay=2", "reeval_every=2",
         "c1=0.25", "save_every=2", "seed=11"]
@@ -96,7 +96,7 @@ def reference(tmp_path_factory) -> dict:
     ("after_log", 4, 2),  # step 4 is in the record, its checkpoint is not: the record loses step 4 on resume
     ("update", 6, 4),  # killed in the last step
 ])
-def test_killed_run_resumes_to_the_same_record(reference, tmp_path, point, at, resumes_from):
+def test_killed_run_resumes_to_the_same_record(reference, tmp_path, capsys, point, at, resumes_from):
     run_dir = tmp_path / "crash"
     crashed = bapo(f"run_dir={tmp_path}", "name=crash", *ARGS, kill=(point, at))
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr[-3000:]
@@ -104,6 +104,8 @@ def test_killed_run_resumes_to_the_same_record(reference, tmp_path, point, at, r
     assert complete[-1] == f"step_{resumes_from}"  # a half-written checkpoint is never a step_N folder
     if point == "state_write":
         assert (run_dir / "checkpoints" / f".step_{at}.partial").is_dir()
+    assert main(["runs", "--root", str(tmp_path)]) == 0  # the record still says running; no trainer holds it
+    assert "stopped (killed?)" in capsys.readouterr().out
     resumed = bapo(f"resume={run_dir}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     got = per_step(run_dir)
@@ -148,3 +150,17 @@ def test_resume_takes_the_recorded_config_and_refuses_changes(tmp_path, capsys):
     assert list(per_step(run_dir)["steps"]) == [1, 2]  # the refused resume removed nothing
     assert main(["train", "--quiet", f"resume={run_dir}", "steps=3"]) == 0
     assert list(per_step(run_dir)["steps"]) == [1, 2, 3]
+
+
+def test_resume_falls_back_to_the_newest_checkpoint_that_loads(reference, tmp_path, caplog):
+    # Could fail if a checkpoint damaged after it was written (here: its state.pt cut in half) stopped the resume,
+    # or if the fallback lost the exactness of the resumed run.
+    assert main(["train", "--quiet", f"run_dir={tmp_path}", "name=f", *ARGS[1:], "steps=4"]) == 0
+    run_dir = tmp_path / "f"
+    state = run_dir / "checkpoints" / "step_4" / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    assert main(["train", "--quiet", f"resume={run_dir}", "steps=6"]) == 0
+    assert "step_4 does not load" in caplog.text
+    got = per_step(run_dir)
+    assert list(got["steps"]) == [1, 2, 3, 4, 5, 6]
+    assert got["steps"] == reference["steps"] and got["groups"] == reference["groups"]

@@ -273,8 +273,17 @@ def test_runs_show_unknown_run_and_list(tmp_path, capsys):
     assert "nope" in capsys.readouterr().err
     _record_history(tmp_path / "runs" / "hist")
     assert cmd_runs_list(str(tmp_path / "runs")) == 0
-    out = capsys.readouterr().out
-    assert "hist" in out and "running" in out
+    out = capsys.readouterr().out  # recorded as running, but no trainer holds the directory: it was killed
+    assert "hist" in out and "stopped (killed?)" in out and str(tmp_path / "runs" / "hist") in out
+    held = R.lock_run_dir(tmp_path / "runs" / "hist")  # a live trainer
+    try:
+        assert R.trainer_alive(tmp_path / "runs" / "hist")
+        assert cmd_runs_list(str(tmp_path / "runs")) == 0
+        out = capsys.readouterr().out
+        assert "running" in out and "stopped" not in out
+    finally:
+        held.close()
+    assert not R.trainer_alive(tmp_path / "runs" / "hist")
     assert cmd_runs_list(str(tmp_path / "missing")) == 0
 
 

@@ -24,6 +24,7 @@ import math
 import os
 import re
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
@@ -38,7 +39,13 @@ MAX_ANSWER_CHARS = 1_000  # a longer extracted answer counts as unparsable
 SYMBOLIC_TIMEOUT = 5.0  # seconds per response for the sandboxed symbolic check
 SANDBOX_WORKERS = max(1, min(4, os.cpu_count() or 1))
 SANDBOX_MEMORY_MB = 3072  # address-space cap of a sandbox worker
-NUMERIC_REL_TOL = 1e-6  # for values involving irrationals (exact rationals compare exactly)
+NUMERIC_REL_TOL = 1e-6  # only where the GOLD answer is itself a decimal approximation ("3.14159")
+# Exact answers (no decimal point in the gold) are compared exactly: rationals as Fractions; values with roots,
+# pi or i are called different in-process when their floats differ by more than DISTINCT_REL_TOL (far above
+# double rounding error), and otherwise go to the symbolic (sympy) check, so 355/113 != pi, 2024 !=
+# sqrt(2024^2+1) and sqrt(N) != sqrt(N+1).
+DISTINCT_REL_TOL = 1e-12
+BATCH_TIME_FACTOR = 3.0  # verify_batch takes at most this many per-response limits; the rest is TIMEOUT
 MAX_DEPTH = 40  # bracket nesting / evaluator recursion
 MAX_BITS = 40_000  # numerator/denominator size of exact values (about 12,000 digits)
 MAX_FACTORIAL = 3_000
@@ -165,7 +172,7 @@ def _replace_text_blocks(s: str) -> str:
             new = content
         elif re.fullmatch(r"\s*(?:or|and)\s*", content):
             new = ","
-        elif _UNIT_TEXT.fullmatch(content) or re.fullmatch(r"\s*[a-zA-Z][a-zA-Z .]+\s*", content):
+        elif _UNIT_TEXT.fullmatch(content):  # only unit words: "5 \text{ million}" keeps its word (WRONG for 5)
             new = ""
             power = re.match(r"\s*\^\s*(?:\{\s*[23]\s*\}|[23])", s[tail:])
             if power:
@@ -226,6 +233,13 @@ def _tokens(s: str) -> list[str]:
     return _TOKEN.findall(s)
 
 
+def _repeating(m: re.Match) -> str:
+    """0.1\\overline{6} -> \\frac{1}{6} (whole part, non-repeating digits, repeating digits)."""
+    whole, fixed, rep = int(m.group(1) or 0), m.group(2), m.group(3)
+    v = whole + Fraction(int(fixed or 0), 10 ** len(fixed)) + Fraction(int(rep), (10 ** len(rep) - 1) * 10 ** len(fixed))
+    return f"\\frac{{{v.numerator}}}{{{v.denominator}}}" if v.denominator != 1 else str(v.numerator)
+
+
 def normalize(s: str) -> str:
     """Canonical LaTeX string of an answer (see the module docstring); only string rewrites, no evaluation."""
     s = str(s)[:MAX_RESPONSE_CHARS]
@@ -259,6 +273,8 @@ def normalize(s: str) -> str:
     s = s.rstrip(".").rstrip("\\").rstrip(",").lstrip(",")
     s = re.sub(r"\^\{\}|_\{\}", "", s).replace("{-}", "-").replace("{+}", "+").replace("\\mid", "|")
     s = re.sub(r",{2,}", ",", s.lstrip("="))
+    s = re.sub(r"(\d*)\.(\d{0,30})\\overline\{?(\d{1,30})\}?", _repeating, s)  # 0.\overline{3} -> \frac{1}{3}
+    s = re.sub(r"\\sqrt\(([^()]*)\)", r"\\sqrt{\1}", s)
     s = _brace_args(s)
     s = re.sub(r"([\^_])\{(\w)\}", r"\1\2", s)
     s = re.sub(r"(?<![a-zA-Z\\])pi(?![a-zA-Z])", r"\\pi", s)
@@ -561,14 +577,28 @@ def _differ_at_points(p: str, g: str) -> bool:
     return False
 
 
-def _num_equal(a, b) -> bool | None:
+def _num_equal(a, b, approximate: bool = False) -> bool | None:
+    """Exact values: Fractions compare exactly; floats (roots, pi, i) that clearly differ are False, else None
+    (undecided: the symbolic step decides). approximate (the gold is a decimal): relative NUMERIC_REL_TOL."""
     if isinstance(a, Fraction) and isinstance(b, Fraction):
         return a == b
     try:
         a, b = _approx(a), _approx(b)
     except _NotNumeric:
         return None
-    return abs(a - b) <= NUMERIC_REL_TOL * max(abs(a), abs(b)) + 1e-15
+    if approximate:
+        return abs(a - b) <= NUMERIC_REL_TOL * max(abs(a), abs(b)) + 1e-15
+    if abs(a - b) > DISTINCT_REL_TOL * max(abs(a), abs(b)) + 1e-300:
+        return False
+    return None
+
+
+_DECIMAL = re.compile(r"(?<![\\a-zA-Z])\d*\.\d")
+
+
+def _is_approximate(g: str) -> bool:
+    """Is the gold answer a decimal approximation (it has a decimal point)?"""
+    return bool(_DECIMAL.search(g))
 
 
 # ---------------------------------------------------------------- structure and comparison
@@ -664,6 +694,10 @@ def _scalar(p: str, g: str):
         return False
     if re.fullmatch(r"[A-Z]", g) or re.fullmatch(r"[A-Z]", p):  # choice letters
         return p == g
+    if "=" in p:
+        chain = _chain(p, g)
+        if chain is not None:
+            return chain
     if _is_text(g) or _is_text(p) or _BASE_NUMBER.fullmatch(g) or _BASE_NUMBER.fullmatch(p):
         return _text_key(p) == _text_key(g) and bool(_text_key(g))
     ps, pv = _value(p)
@@ -671,9 +705,10 @@ def _scalar(p: str, g: str):
     if ps in ("toobig", "undefined") or gs in ("toobig", "undefined"):
         return False
     if ps == gs == "ok":
-        eq = _num_equal(pv, gv)
+        eq = _num_equal(pv, gv, _is_approximate(g))
         if eq is not None:
             return eq
+        return [("numeq", p, g)]  # closed forms equal to double precision: sympy decides exactly
     if ("\\pm" in p or "\\mp" in p) != ("\\pm" in g or "\\mp" in g):
         return False  # Math-Verify #14: \pm 2021 must not match 2021
     if ps != "toobig" and gs != "toobig" and _differ_at_points(p, g):
@@ -785,7 +820,7 @@ def _screen(s: str) -> bool:
 
 def _strings(reqs: list):
     for req in reqs:
-        if req[0] == "eq":
+        if req[0] in ("eq", "numeq"):
             yield from req[1:]
         else:
             for row in req[1]:
@@ -821,6 +856,25 @@ def _sympy_differ(a, b) -> bool:
     return False
 
 
+def _exact_closed(gold, pred) -> bool:
+    """Are both closed numbers (no variables) and the gold exact (no decimal)? Then compare exactly."""
+    from sympy import Expr, Float
+
+    return (isinstance(gold, Expr) and isinstance(pred, Expr) and not gold.free_symbols and not pred.free_symbols
+            and not gold.atoms(Float))
+
+
+def _sympy_exact_equal(a, b) -> bool:
+    """In the sandbox worker: are two closed sympy numbers exactly equal (decimals read as exact rationals)?"""
+    from sympy import Expr, Float, Rational, simplify
+
+    if not (isinstance(a, Expr) and isinstance(b, Expr)):
+        return False
+    a, b = (x.xreplace({f: Rational(str(f)) for f in x.atoms(Float)}) for x in (a, b))
+    d = a - b
+    return d == 0 or simplify(d) == 0 or d.equals(0) is True
+
+
 def _symbolic_equal(reqs: list) -> bool:
     """In the sandbox worker: do all requirements hold? ("eq", pred, gold): equal according to math-verify
     (sympy), after a cheap evaluation at two points; ("match", table): a perfect matching of equal cells."""
@@ -833,14 +887,21 @@ def _symbolic_equal(reqs: list) -> bool:
     logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
     parsed: dict[str, list] = {}
 
-    def equal(p: str, g: str) -> bool:
+    def equal(p: str, g: str, closed: bool = False) -> bool:
         try:
             for t in (p, g):
                 if t not in parsed:
                     parsed[t] = parse(f"${t}$", parsing_timeout=None)
             gold, pred = parsed[g], parsed[p]
+            if closed and gold and pred:  # closed numeric forms: the letter i is the imaginary unit
+                from sympy import I
+
+                gold, pred = [[x.subs({s: I for s in getattr(x, "free_symbols", ()) if s.name == "i"})
+                               if hasattr(x, "subs") else x for x in v] for v in (gold, pred)]
             if not gold or not pred or _sympy_differ(gold[0], pred[0]):
                 return False
+            if closed or _exact_closed(gold[0], pred[0]):  # no rounding: 3.1415926535897 != pi, 2.718281828 != e
+                return _sympy_exact_equal(pred[0], gold[0])
             return bool(mv_verify(gold, pred, allow_set_relation_comp=True, timeout_seconds=None))
         except (MemoryError, RecursionError):
             raise
@@ -848,8 +909,8 @@ def _symbolic_equal(reqs: list) -> bool:
             return False
 
     def holds(req) -> bool:
-        if req[0] == "eq":
-            return equal(req[1], req[2])
+        if req[0] in ("eq", "numeq"):
+            return equal(req[1], req[2], req[0] == "numeq")
         return _perfect([[c is True or c is not False and all(holds(r) for r in c) for c in row] for row in req[1]])
 
     return all(holds(r) for r in reqs)
@@ -872,11 +933,39 @@ def warm_up(workers: int | None = None) -> None:
     _get_pool().warm(workers)
 
 
+_CHOICE_ANY = re.compile(r"\(\s*(?:\\(?:textbf|text|mathrm|mathbf)\s*\{\s*)?([A-E])\s*\}?\s*\)"
+                         r"|\\(?:textbf|text|mathrm|mathbf|mbox|textrm)\s*\{\s*\(?\s*([A-E])\s*\)?\s*\}")
+
+
+def _choice_letters(pred: str) -> set[str]:
+    """The distinct choice labels ("(B)", "\\textbf{(B)}", "(\\text{B})") anywhere in an answer."""
+    return {m.group(1) or m.group(2) for m in _CHOICE_ANY.finditer(pred)}
+
+
+def _chain(p: str, g: str) -> bool | list | None:
+    """A relation chain against a gold without "=": "3=5", "x=3=5", "x=2+3=5". Every side after a leading
+    non-numeric one (the variable or expression named) must equal the gold, so a chain whose parts disagree is
+    WRONG. None: not a chain (a single "x+y=5" is left to the usual checks)."""
+    if "=" in g:
+        return None
+    parts = _split_top(p, "=")
+    if len(parts) < 2:
+        return None
+    rest = parts[1:] if _value(parts[0])[0] == "notnum" else parts
+    if len(rest) < 2 and len(parts) == 2 and rest is not parts:
+        return None
+    if not all(rest) or len(rest) > MAX_SET_SIZE:
+        return False
+    return _all([_compare(x, g) for x in rest])
+
+
 def _decide(pred: str, gold: str) -> Verdict | list:
     """Everything but the sandbox: a Verdict, or the requirements for the symbolic check (see _compare)."""
     p, g = normalize(pred), normalize(gold)
     if not p:
         return Verdict.UNPARSABLE
+    if len(_choice_letters(pred)) > 1:  # "(A) (B) (C) (D) (E)", a copied options line: a hedge, not an answer
+        return Verdict.WRONG
     if p == g:
         return Verdict.CORRECT
     if re.fullmatch(r"[A-E]", g) and _choice_letter(pred):
@@ -930,7 +1019,10 @@ def verify(response: str, answer: str, timeout: float | None = None) -> Verdict:
 
 def verify_batch(responses: list[str], answers: list[str], timeout: float | None = None) -> list[Verdict]:
     """verify() over many responses: the in-process checks run here, the symbolic ones in parallel over
-    the sandbox workers."""
+    the sandbox workers, all within one time budget of BATCH_TIME_FACTOR per-response limits: a symbolic check
+    not started or not finished within it is TIMEOUT, so a rollout of hostile responses cannot stall training."""
+    per = SYMBOLIC_TIMEOUT if timeout is None else timeout
+    deadline = time.monotonic() + BATCH_TIME_FACTOR * per
     verdicts: list = [None] * len(responses)
     pending = {}
     for k, (response, answer) in enumerate(zip(responses, answers)):
@@ -947,6 +1039,10 @@ def verify_batch(responses: list[str], answers: list[str], timeout: float | None
             pending[k] = decided
     if pending:
         with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as ex:
-            for k, v in zip(pending, ex.map(lambda pairs: _run_symbolic(pairs, timeout), pending.values())):
+            def run(reqs):
+                left = deadline - time.monotonic()
+                return Verdict.TIMEOUT if left < 0.05 else _run_symbolic(reqs, min(per, left))
+
+            for k, v in zip(pending, ex.map(run, pending.values())):
                 verdicts[k] = v
     return verdicts

@@ -1,0 +1,153 @@
+"""Math verifier soundness (issue 12): constructed-wrong answers per false-positive pattern found by fuzzing,
+the two false negatives, the verify_batch time budget, and a small seeded fuzz of hostile variants."""
+import random
+import time
+
+import pytest
+
+from bapo_vl.problem import Verdict
+from bapo_vl.verifiers import math as mv
+from bapo_vl.verifiers.math import check, verify, verify_batch
+
+C, W, U, T = Verdict.CORRECT, Verdict.WRONG, Verdict.UNPARSABLE, Verdict.TIMEOUT
+NOT_OK = (W, U)
+
+
+def B(x: str) -> str:
+    return f"Reasoning...\n\nThe answer is $\\boxed{{{x}}}$."
+
+
+TEXT_WORDS = [
+    (r"5 \text{ million}", "5"), (r"5\text{ million}", "5"), (r"2\text{ squared}", "2"),
+    (r"\text{not } 5", "5"), (r"5 \text{ thousand}", "5"), (r"5\text{ billion}", "5"),
+    (r"3 \text{ cubed}", "3"), (r"\text{never } 7", "7"), (r"7\mbox{ times ten}", "7"),
+    (r"10 \text{ hundred}", "10"), (r"\textbf{minus } 4", "4"), (r"4\text{ percent of } 9", "4"),
+]
+
+
+@pytest.mark.parametrize("pred,gold", TEXT_WORDS)
+def test_words_after_number_in_text_are_kept(pred, gold):
+    assert verify(B(pred), gold) in NOT_OK
+
+
+@pytest.mark.parametrize("pred,gold", [(r"10\text{ cm}", "10"), (r"30 \text{ degrees}", "30"),
+                                       (r"36 \text{ dollars}", "36"), (r"5 \text{ million}", r"5\text{ million}")])
+def test_unit_words_still_accepted(pred, gold):
+    assert verify(B(pred), gold) is C
+
+
+CHAINS = [("3=5", "5"), ("x=3=5", "5"), ("x = 5 = 3", "5"), ("5=3", "5"), ("y=2+3=6", "5"),
+          ("a=b=4", "5"), ("x=5=5=4", "5"), (r"\frac{1}{2}=5", "5"), ("5=x=3", "5"), ("n=5=\\sqrt{26}", "5")]
+
+
+@pytest.mark.parametrize("pred,gold", CHAINS)
+def test_relation_chain_parts_must_agree(pred, gold):
+    assert verify(B(pred), gold) in NOT_OK
+
+
+@pytest.mark.parametrize("pred", ["x=5", "x = 2+3 = 5", "5=5", "n=\\frac{10}{2}=5"])
+def test_consistent_relation_chains_pass(pred):
+    assert verify(B(pred), "5") is C
+
+
+EXACT = [
+    ("355/113", r"\pi"), (r"\frac{355}{113}", r"\pi"), ("3.14159265", r"\pi"), ("3.1415926535897", r"\pi"),
+    ("2024", r"\sqrt{2024^2+1}"), (r"\sqrt{100000}", r"\sqrt{100001}"), (r"\sqrt{1000000}", r"\sqrt{1000001}"),
+    (r"\sqrt{10^{14}}", r"\sqrt{10^{14}+1}"), (r"\frac{22}{7}", r"\pi"), ("1.41421356", r"\sqrt{2}"),
+    (r"2.718281828", "e"), (r"\frac{577}{408}", r"\sqrt{2}"),
+]
+
+
+@pytest.mark.parametrize("pred,gold", EXACT)
+def test_exact_answers_compared_exactly(pred, gold):
+    assert verify(B(pred), gold) in NOT_OK
+
+
+@pytest.mark.parametrize("pred,gold", [(r"\pi", "3.14159"), (r"\sqrt{2}", "1.414214"), (r"\sqrt{2}", "1.41421356237"), (r"\sqrt{8}", r"2\sqrt2"),
+                                       (r"\frac{1}{\sqrt3}", r"\frac{\sqrt3}{3}"), (r"\sqrt{-1}", "i")])
+def test_exact_equal_forms_and_decimal_golds(pred, gold):
+    assert verify(B(pred), gold) is C
+
+
+HEDGES = [
+    (B("(A) (B) (C) (D) (E)"), "C"), (B(r"\textbf{(A)}\ 2 \qquad \textbf{(B)}\ 5 \qquad \textbf{(C)}\ 7"), "5"),
+    (B(r"\textbf{(A)}\ 2 \qquad \textbf{(B)}\ 5 \qquad \textbf{(C)}\ 7"), "B"), ("Answer: (A) or (C)", "C"),
+    (B(r"\text{(B) or (C)}"), "C"), (B("(C) (D)"), "D"), (B(r"(\text{A})\ (\text{B})"), "B"),
+    ("The answer is (A) 1 (B) 2 (C) 3 (D) 4 (E) 5", "3"), (B(r"\mathrm{(D)}, \mathrm{(E)}"), "E"),
+]
+
+
+@pytest.mark.parametrize("response,gold", HEDGES)
+def test_hedged_choice_lists(response, gold):
+    assert verify(response, gold) in NOT_OK
+
+
+@pytest.mark.parametrize("pred,gold", [(r"0.\overline{3}", r"\frac{1}{3}"), (r"0.\overline{3}", "1/3"),
+                                       (r"0.1\overline{6}", r"\frac16"), (r"1.\overline{142857}", r"\frac87"),
+                                       ("5^2", "25"), ("5^{2}", "25"), ("2^{10}", "1024")])
+def test_false_negatives_now_correct(pred, gold):
+    assert verify(B(pred), gold) is C
+    assert verify(f"Answer: ${pred}$", gold) is C
+
+
+def test_repeating_decimal_wrong_value():
+    assert verify(B(r"0.\overline{3}"), "0.3") is W
+    assert verify(B(r"0.\overline{6}"), r"\frac13") is W
+
+
+def test_verify_batch_time_budget():
+    mv.warm_up()
+    per = 1.0
+    t0 = time.monotonic()
+    got = verify_batch([B(r"\Gamma(10^{10})")] * 16, ["5"] * 16, timeout=per)
+    took = time.monotonic() - t0
+    assert took < mv.BATCH_TIME_FACTOR * per + 6.0, took  # + worker restarts
+    assert all(v in (W, U, T) for v in got)
+
+
+def _variants(rng: random.Random):
+    """(response, gold) pairs: a right answer whose value was changed, dressed up in hostile forms."""
+    for _ in range(2000):
+        a, b = rng.randint(1, 999), rng.randint(1, 999)
+        gold, wrong = str(a), str(a + rng.choice([1, -1, 2, 10, 100, -a - 1]))
+        form = rng.randrange(12)
+        if form == 0:
+            pred = f"{wrong} \\text{{ {rng.choice(['million', 'squared', 'thousand', 'cubed'])}}}"
+        elif form == 1:
+            pred = f"\\text{{not }} {gold}"
+        elif form == 2:
+            pred = f"x={wrong}={gold}" if rng.random() < .5 else f"{gold}={wrong}"
+        elif form == 3:
+            pred = f"\\frac{{{a * b + 1}}}{{{b}}}"
+        elif form == 4:
+            pred = f"\\sqrt{{{a * a + rng.randint(1, 3)}}}"
+        elif form == 5:
+            pred = f"{gold}.{'0' * rng.randint(5, 9)}1"
+        elif form == 6:
+            pred = f"(A) {gold} (B) {wrong}"
+        elif form == 7:
+            pred = f"{wrong}^{{1}}"
+        elif form == 8:
+            pred = f"\\sqrt{{{a}^2+1}}"
+        elif form == 9:
+            pred = f"{gold} \\pm 1"
+        elif form == 10:
+            pred = f"{gold}, {wrong}"
+        else:
+            pred = f"{a}+\\frac{{1}}{{10^{{{rng.randint(7, 12)}}}}}"
+        yield B(pred), gold
+
+
+def test_fuzz_changed_values_never_pass():
+    rng = random.Random(12)
+    pairs = list(_variants(rng))
+    t0 = time.monotonic()
+    passed = []
+    for response, gold in pairs:
+        v = verify(response, gold)  # verify never raises; a bug would show as UNPARSABLE, not as CORRECT
+        assert isinstance(v, Verdict)
+        if v is C:
+            passed.append((response, gold))
+    took = time.monotonic() - t0
+    assert not passed, passed[:5]
+    assert took < 60, took
