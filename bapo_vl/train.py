@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -41,11 +42,34 @@ def record_rows(result: StepResult, log_samples: int):
     return rows, samples
 
 
-def _progress(total: int):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+class Progress:
+    """Progress as the user can see it: a bar on a terminal; elsewhere (a log file, CI) one plain line per step at
+    most every `every` seconds, and always the first and the last step; nothing with quiet."""
 
-    return Progress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
-                    TextColumn("{task.fields[info]}"))
+    def __init__(self, total: int, start: int, quiet: bool, every: float = 10.0):
+        self.total, self.quiet, self.every, self.last = total, quiet, every, -float("inf")
+        self.bar = None
+        if not quiet and sys.stderr.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as RichProgress
+
+            self.bar = RichProgress(TextColumn("[bold]step"), MofNCompleteColumn(), BarColumn(), TimeElapsedColumn(),
+                                    TextColumn("{task.fields[info]}"))
+            self.task = self.bar.add_task("train", total=total, completed=start, info="")
+            self.bar.start()
+
+    def update(self, t: int, m: dict):
+        info = (f"reward {m['fresh_reward']:.3f} |X1| {m['x1']} |X2| {m['x2']} |X3| {m['x3']} "
+                f"B_bad {m['bad_size']} B_high {m['high_size']}")
+        if self.bar is not None:
+            self.bar.update(self.task, advance=1, info=info)
+        elif not self.quiet and (time.monotonic() - self.last >= self.every or t == self.total):
+            self.last = time.monotonic()
+            print(f"step {t}/{self.total}  {info}", file=sys.stderr, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.stop()
 
 
 def checkpoint_steps(run_dir: Path) -> list[int]:
@@ -143,6 +167,10 @@ def run_path(cfg: Config) -> Path:
 
 def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
     """Run (or resume) training; `backend` defaults to the embedded one (verl_main passes a VerlBackend)."""
+    if quiet:  # transformers' own loading / saving bars too
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
     if cfg.resume:
         check_resumable(cfg, Path(cfg.resume))
     cfg = dataclasses.replace(cfg, name=cfg.name or run_path(cfg).name)  # one timestamp for the whole run
@@ -158,19 +186,19 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
         raise
     status = "failed"
     try:
-        with _progress(cfg.steps) as progress:
-            bar = progress.add_task("train", total=cfg.steps, completed=start, info="", visible=not quiet)
+        progress = Progress(cfg.steps, start, quiet)
+        try:
             for t in range(start + 1, cfg.steps + 1):
                 result = trainer.step(t)
                 m = result.metrics
                 rows, samples = record_rows(result, cfg.log_samples)
                 record.log_step(t, {k: v for k, v in m.items() if k != "verdicts"}, groups=rows, samples=samples,
                                 verdicts=m["verdicts"])
-                progress.update(bar, advance=1, info=(
-                    f"reward {m['fresh_reward']:.3f} |X1| {m['x1']} |X2| {m['x2']} |X3| {m['x3']} "
-                    f"B_bad {m['bad_size']} B_high {m['high_size']}"))
+                progress.update(t, m)
                 if cfg.save_every and t % cfg.save_every == 0:
                     save_checkpoint(trainer, run_dir, t)
+        finally:
+            progress.close()
         if start < cfg.steps:
             save_checkpoint(trainer, run_dir, cfg.steps)
         backend.save_pretrained(run_dir / "final")

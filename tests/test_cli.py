@@ -62,3 +62,20 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, capsys):
     assert after["policy_version"] == before["policy_version"] + (1 if after["trained_groups"] else 0)
     assert before["policy_version"] >= 1, "no update before the checkpoint: the test proves nothing"
     assert run["meta"]["status"] == "finished"
+
+
+def test_progress_without_a_terminal_and_quiet(tmp_path):
+    # Could fail if progress showed only on a TTY (a run redirected to a file said nothing for its whole length), or
+    # if --quiet still printed progress bars (ours or transformers' loading bars).
+    import subprocess
+    import sys
+
+    def run(*extra):
+        return subprocess.run([sys.executable, "-m", "bapo_vl.cli", "train", *extra, f"run_dir={tmp_path}",
+                               *SMALL, "steps=3"], capture_output=True, text=True, timeout=600)
+
+    loud = run("name=loud")
+    assert loud.returncode == 0, loud.stderr[-2000:]
+    assert "step 1/3" in loud.stderr and "step 3/3" in loud.stderr and "|X1|" in loud.stderr
+    quiet = run("--quiet", "name=quiet")
+    assert quiet.returncode == 0 and quiet.stderr.strip() == "", quiet.stderr[-2000:]
