@@ -5,8 +5,13 @@ Checks go cheapest first, all but the last in this process:
       separators, \\frac12, \\sqrt2, ...);
   (b) structure (intervals, tuples, unordered sets/lists, unions, matrices, "a \\pm b") and the exact value of
       each element from a small bounded evaluator: Fractions for rationals (so 1/2004! != 1/2006!), complex
-      floats with relative tolerance NUMERIC_REL_TOL once sqrt, pi or i appear; every power, factorial and
-      intermediate result is capped in size, so power towers and 1000000! are refused (WRONG) at once;
+      floats once sqrt, pi or i appear; every power, factorial and intermediate result is capped in size, so
+      power towers and 1000000! are refused (WRONG) at once. Exact answers are compared exactly: floats that
+      differ (beyond DISTINCT_REL_TOL) are WRONG, floats that agree go to sympy for an exact check (355/113 !=
+      pi, 3.1415926535897 != pi). The relative tolerance NUMERIC_REL_TOL applies ONLY where the gold answer is
+      itself a decimal approximation (has a decimal point, e.g. "3.14159"). Words in \\text{} are kept
+      unless they are unit words (5 \\text{ million} != 5); a relation chain "x=3=5" must agree in every
+      side; several different choice labels ("(A) (B) (C)") are a hedge, WRONG; 0.\\overline{3} = 1/3;
   (c) expressions in variables are evaluated exactly at two fixed rational points: different values there
       mean WRONG at once (equal values prove nothing and go on);
   (d) only what is still open (x^2-1 = (x-1)(x+1), trig identities, equations, inequalities vs intervals)
@@ -15,7 +20,8 @@ Checks go cheapest first, all but the last in this process:
       and malformed input away from sympy. There, too, two-point evaluation runs before math-verify, and it
       overrules math-verify's 6-decimal rounding (which accepted 1/2004! for 1/2006!).
 Verdicts: UNPARSABLE when no final answer can be extracted, TIMEOUT when the symbolic check hits its limit or
-its worker dies, else CORRECT/WRONG. `verify` never raises. Nothing from the response is ever eval'ed.
+its worker dies (or, in verify_batch, the batch's time budget BATCH_TIME_FACTOR x the limit runs out), else
+CORRECT/WRONG. `verify` never raises. Nothing from the response is ever eval'ed.
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from bapo_vl.problem import Verdict
 from . import sandbox
 from .latex import last_boxed, match_brace
 
-VERIFIER_VERSION = "math-1.0"
+VERIFIER_VERSION = "math-1.1"  # bump when a response could be judged differently (1.1: issue 12)
 MAX_RESPONSE_CHARS = 10_000  # only the tail of a response is searched for the answer
 MAX_ANSWER_CHARS = 1_000  # a longer extracted answer counts as unparsable
 SYMBOLIC_TIMEOUT = 5.0  # seconds per response for the sandboxed symbolic check
@@ -154,6 +160,12 @@ def _drop_choice_label(s: str) -> str:
     return rest if re.search(r"[0-9A-Za-z\\]", _SPACING.sub("", rest)) else letter
 
 
+def _ends_item(rest: str) -> bool:
+    """Does an answer item end at the start of `rest` (after an optional ^2 / ^3)?"""
+    rest = re.sub(r"^\s*\^\s*(?:\{\s*[23]\s*\}|[23])", "", rest).lstrip(" .~")
+    return bool(re.match(r"$|[,;)\]&]|\\[}\\ ,;:!]|\\q?quad|\\(?:text|mbox)\s*\{\s*(?:or|and)\s*\}", rest))
+
+
 def _replace_text_blocks(s: str) -> str:
     """\\text{...}-like blocks: the whole answer -> its content; "or"/"and" -> ","; unit or word -> removed
     (with a following ^2 / ^3); anything else -> its content."""
@@ -172,8 +184,8 @@ def _replace_text_blocks(s: str) -> str:
             new = content
         elif re.fullmatch(r"\s*(?:or|and)\s*", content):
             new = ","
-        elif _UNIT_TEXT.fullmatch(content):  # only unit words: "5 \text{ million}" keeps its word (WRONG for 5)
-            new = ""
+        elif _UNIT_TEXT.fullmatch(content) and _ends_item(s[tail:]):  # only a unit word ending an item is
+            new = ""  # dropped: "5 \text{ million}" and "5 \text{ times } 3" keep their words (WRONG for 5, 53)
             power = re.match(r"\s*\^\s*(?:\{\s*[23]\s*\}|[23])", s[tail:])
             if power:
                 tail += power.end()
