@@ -106,6 +106,10 @@ WRONG = [
     ("<answer>A</answer>", "C"),
     ("\\boxed{3.5}", "2\\sqrt{3}"),
     ("\\boxed{4}", "2\\sqrt{3}"),
+    ("\\boxed{121}", "120"),  # issue 12: an integer gold has no tolerance (more in test_choice_soundness.py)
+    ("<answer>3.49</answer>", {"letter": "A", "value": "3.46", "choices": ["3.46", "3.5", "4", "6"]}),  # nearer B
+    ("<answer>(A) (B) (C) (D)</answer>", SQRT),  # a hedge
+    ("<answer>A) or B)</answer>", SQRT),
 ]
 
 UNPARSABLE = [

@@ -9,15 +9,28 @@ read as
   4. a number: decimals, \\frac{a}{b}, a/b, \\sqrt{x}, \\sqrt[n]{x}, \\pi, implicit products (2\\sqrt{3}),
      powers, degrees (60^\\circ, 60°) and trailing units dropped; after the last "=" or "\\approx" if any.
      Evaluated by a small recursive-descent parser over a token whitelist (never eval). A number picks the
-     choice(s) nearest to it, provided it is within REL_TOL relative (or, for a decimal with >= 2 places,
-     within half a unit of its last place) of that choice: so 12.9 picks "12.9" over "13" and 3.46 picks
-     "2 \\sqrt { 3 }".
+     single NEAREST choice (by value), and counts only if that choice is unambiguous and close (TOLERANCE):
+     a tie between choices of different values is WRONG, so is a number nearer a wrong choice. 12.9 picks
+     "12.9" over "13"; 3.46 picks "2 \\sqrt { 3 }".
+A final answer that names several different letters ("(A) (B) (C) (D)", "A. B. C. D.", "A) or B)") is a hedge:
+WRONG (UNPARSABLE where no letter or right value is known). One letter repeated, or other letters mentioned only
+in the reasoning before the final answer, is fine.
+
+TOLERANCE (the rule for "close", in _close). A value x read from the response equals a gold value g when
+  - x == g up to float error (1e-9 relative): exact forms, e.g. "\\sqrt{12}" for "2 \\sqrt { 3 }", "120.0" for 120;
+  - or the GOLD is written as a decimal with p places ("3.46", "12.9": a rounded value) and x rounds to it,
+    |x - g| <= 0.5 * 10^-p: "2\\sqrt{3}" (3.4641...) and "3.464" match gold "3.46", "3.47" does not;
+  - or the RESPONSE is a decimal with k >= 2 places that rounds the gold, |x - g| <= 0.5 * 10^-k: "3.46" or
+    "3.4641" for gold 2\\sqrt{3}, "0.43" for 3/7 ("3.5" for 2\\sqrt{3} is WRONG: one place is too coarse).
+  An integer or exact gold (120, 1000, \\frac{3}{7}) thus has no tolerance beyond that: 121 for 120, 1009 for
+  1000, 120.5 for 120 are WRONG.
 
 Verdicts: CORRECT when the letter is the right one, or the value picks the right choice (when choices share
 the right value, as in a few Geometry3K problems, the value is right whichever of them it names); WRONG for
-another letter or value; UNPARSABLE when there is no final answer or nothing in it reads as a letter or value.
-Without choices (a value-only ground truth), a value is compared with the truth value alone and a letter is
-UNPARSABLE. Input is cut to its last MAX_CHARS characters; verify() never raises.
+another letter or value, a hedge, or a value nearest no single right choice; UNPARSABLE when there is no final
+answer or nothing in it reads as a letter or value.
+Without choices (a value-only ground truth), a value is compared with the truth value alone (TOLERANCE) and a
+letter is UNPARSABLE. Input is cut to its last MAX_CHARS characters; verify() never raises.
 
 Ground truth: a letter ("C"), a dict {"letter", "value", "choices"[, "precise_values"]} as built by the
 geometry3k task, or a value string (no choices known).
@@ -38,7 +51,6 @@ log = logging.getLogger(__name__)
 MAX_CHARS = 20_000  # the tail of a response that is searched
 MAX_SPAN = 300  # longest final answer that is read
 MAX_TOKENS = 60  # longest expression the number parser evaluates
-REL_TOL = 1e-2  # relative tolerance for rounded values
 LETTERS = "ABCD"
 
 
@@ -283,11 +295,21 @@ def _response_number(s: str) -> tuple[float | None, str]:
     return value, s
 
 
-def _close(x: float, truth: float, text: str) -> bool:
-    if abs(x - truth) <= REL_TOL * abs(truth) + 1e-12:
+def _places(text) -> int | None:
+    """Decimal places of a plain decimal ("3.46" -> 2, "-0.5" -> 1); None for anything else (integers, forms)."""
+    m = re.fullmatch(r"[-+]?\d*\.(\d+)", str(text).strip().replace(" ", ""))
+    return len(m.group(1)) if m else None
+
+
+def _close(x: float, truth: float, text: str, truth_text=None) -> bool:
+    """Whether the response's value x (read from `text`) is the truth value (written `truth_text`); see TOLERANCE."""
+    if abs(x - truth) <= 1e-9 * max(1.0, abs(truth)):  # the same number (2\sqrt{3} == \sqrt{12})
         return True
-    m = re.fullmatch(r"-?\d*\.(\d{2,})", text.strip())  # a rounded decimal: truth rounds to it
-    return bool(m) and abs(x - truth) <= 0.5 * 10 ** -len(m.group(1)) + 1e-12
+    gold = _places(truth_text) if truth_text is not None else None
+    if gold is not None and abs(x - truth) <= 0.5 * 10 ** -gold + 1e-9:  # x rounds to the gold's decimals
+        return True
+    mine = _places(text)  # the response rounded the truth to >= 2 decimals (3.46 for 2\sqrt{3})
+    return mine is not None and mine >= 2 and abs(x - truth) <= 0.5 * 10 ** -mine + 1e-9
 
 
 # --- ground truth ---------------------------------------------------------------------------------------------
@@ -333,7 +355,17 @@ def _pick_by_value(s: str, choices: list, numbers: list) -> set[int] | None:
         return set()
     best = min(abs(x - v) for _, v in known)
     nearest = {i for i, v in known if abs(x - v) <= best + 1e-9 * max(1.0, abs(v))}
-    return nearest if _close(x, numbers[min(nearest)], text) else set()
+    # every nearest choice must be close by the rule (a tie between different values is judged by the caller)
+    return nearest if all(_close(x, numbers[i], text, choices[i]) for i in nearest) else set()
+
+
+_NAMED = re.compile(r"\(\s*([A-Z])\s*\)|(?<![A-Za-z\\])([A-Z])\s*(?:[.:)](?!\d)|$)"
+                    r"|(?i:option|choice)\s*\(?([A-Za-z])\b")
+
+
+def _letters_named(s: str, letters: str) -> set[str]:
+    """The choice letters a final answer names as letters: "(A) (B)", "A. B.", "A) or B)", "Option A" ..."""
+    return {m.group(1) or m.group(2) or m.group(3).upper() for m in _NAMED.finditer(s)} & set(letters)
 
 
 # --- verdicts -------------------------------------------------------------------------------------------------
@@ -348,6 +380,8 @@ def extract_choice(response: str, letters: str = LETTERS) -> str | None:
     if span is None:
         return None
     s = _clean(span)
+    if len(_letters_named(s, letters)) > 1:  # a hedge: "(A) (B) (C) (D)"
+        return None
     return _bare_letter(s, letters) or _letter_prefix(s, letters)
 
 
@@ -383,10 +417,12 @@ def _verify(response: str, answer, letters: str) -> Verdict:
     chosen = _bare_letter(s, letters)
     if chosen:
         return by_letter(chosen)
+    if len(_letters_named(s, letters)) > 1:  # a hedge naming several letters is no single answer
+        return Verdict.WRONG if (letter is not None or right) else Verdict.UNPARSABLE
     if choices:
         hits = _pick_by_value(s, choices, numbers)
-        if hits:
-            return Verdict.CORRECT if hits & right else Verdict.WRONG
+        if hits:  # every nearest choice must be right: a tie with a wrong choice is WRONG
+            return Verdict.CORRECT if hits <= right else Verdict.WRONG
         chosen = _letter_prefix(s, letters)
         if chosen:
             return by_letter(chosen)
@@ -404,7 +440,7 @@ def _verify(response: str, answer, letters: str) -> Verdict:
     x, text = _response_number(s)
     truth = parse_number(str(value))
     if x is not None and truth is not None:
-        return Verdict.CORRECT if _close(x, truth, text) else Verdict.WRONG
+        return Verdict.CORRECT if _close(x, truth, text, _clean(str(value))) else Verdict.WRONG
     if x is None and truth is not None:
         return Verdict.UNPARSABLE
     return Verdict.WRONG

@@ -47,7 +47,8 @@ from bapo_vl.verifiers.choice import choice_values, normalize, parse_number
 from bapo_vl.verifiers.choice import verify as verify_choice
 
 NAME = "geometry3k"
-VERSION = "geometry3k-1.0"  # letter-or-value verdicts over bapo_vl.verifiers.choice; bump when they can change
+# letter-or-value verdicts over bapo_vl.verifiers.choice; bump when they can change
+VERSION = "geometry3k-1.1"  # 1.1: issue 12 (exact values, single nearest choice, hedged letters)
 EVAL_SPLITS = ["test"]  # the 601 test problems the Inter-GPS paper and BAPO report on
 LETTERS = "ABCD"
 TEMPLATES = ("letter", "value")
