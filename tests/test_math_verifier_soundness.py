@@ -126,30 +126,21 @@ def _variants(rng: random.Random):
             else:
                 yield B(f"{a}\\text{{ or }}{wrong}"), gold
             continue
-        if form == 0:
-            pred = f"{wrong} \\text{{ {rng.choice(['million', 'squared', 'thousand', 'cubed'])}}}"
-        elif form == 1:
-            pred = f"\\text{{not }} {gold}"
-        elif form == 2:
-            pred = f"x={wrong}={gold}" if rng.random() < .5 else f"{gold}={wrong}"
-        elif form == 3:
-            pred = f"\\frac{{{a * b + 1}}}{{{b}}}"
-        elif form == 4:
-            pred = f"\\sqrt{{{a * a + rng.randint(1, 3)}}}"
-        elif form == 5:
-            pred = f"{gold}.{'0' * rng.randint(5, 9)}1"
-        elif form == 6:
-            pred = f"(A) {gold} (B) {wrong}"
-        elif form == 7:
-            pred = f"{wrong}^{{1}}"
-        elif form == 8:
-            pred = f"\\sqrt{{{a}^2+1}}"
-        elif form == 9:
-            pred = f"{gold} \\pm 1"
-        elif form == 10:
-            pred = f"{gold}, {wrong}"
-        else:
-            pred = f"{a}+\\frac{{1}}{{10^{{{rng.randint(7, 12)}}}}}"
+        forms = [  # a value-changed right answer, dressed up: each must be WRONG
+            lambda: f"{wrong} \\text{{ {rng.choice(['million', 'squared', 'thousand', 'cubed'])}}}",
+            lambda: f"\\text{{not }} {gold}",
+            lambda: f"x={wrong}={gold}" if rng.random() < .5 else f"{gold}={wrong}",
+            lambda: f"\\frac{{{a * b + 1}}}{{{b}}}",
+            lambda: f"\\sqrt{{{a * a + rng.randint(1, 3)}}}",
+            lambda: f"{gold}.{'0' * rng.randint(5, 9)}1",
+            lambda: f"(A) {gold} (B) {wrong}",
+            lambda: f"{wrong}^{{1}}",
+            lambda: f"\\sqrt{{{a}^2+1}}",
+            lambda: f"{gold} \\pm 1",
+            lambda: f"{gold}, {wrong}",
+            lambda: f"{a}+\\frac{{1}}{{10^{{{rng.randint(7, 12)}}}}}",
+        ]
+        pred = forms[form]()
         yield B(pred), gold
 
 
