@@ -174,11 +174,11 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
     if cfg.resume:
         check_resumable(cfg, Path(cfg.resume))
     cfg = dataclasses.replace(cfg, name=cfg.name or run_path(cfg).name)  # one timestamp for the whole run
-    lock = lock_run_dir(run_path(cfg))
     task = get_task(cfg.task, cfg.tasks_dirs)
     problems = task.load(split="train", **cfg.task_options)
     backend = backend or make_backend(cfg)
     trainer = Trainer(cfg, backend, task, problems)
+    lock = lock_run_dir(run_path(cfg))  # held from here until the record is closed, released on every path
     try:
         run_dir, record, start = open_run(cfg, trainer, problems)
     except BaseException:

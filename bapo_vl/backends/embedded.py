@@ -183,14 +183,18 @@ class EmbeddedBackend:
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def _token_logprobs(self, model, batch, n_response: int, with_entropy: bool = False):
-        """Log-probs (B, R) of the response tokens under `model` at the sampling temperature."""
+        """Log-probs (B, R) of the response tokens under `model` at the sampling temperature, and the entropy (B, R)
+        when asked: with a graph only if it enters the loss (entropy_coef != 0), else only measured."""
         P = batch.pop("P")
         with self._autocast():
             logits = model(**batch, logits_to_keep=n_response + 1).logits[:, :-1].float()  # (B, R, V)
         logits = logits / self.cfg.temperature
         targets = batch["input_ids"][:, P:]  # (B, R)
         logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        entropy = entropy_from_logits(logits) if with_entropy else None
+        entropy = None
+        if with_entropy:
+            with torch.set_grad_enabled(torch.is_grad_enabled() and self.cfg.entropy_coef != 0):
+                entropy = entropy_from_logits(logits)
         return logp, entropy
 
     @torch.no_grad()
