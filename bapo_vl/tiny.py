@@ -133,6 +133,11 @@ VISION_CONFIG = dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2,
                      spatial_merge_size=2, temporal_patch_size=2, window_size=112, fullatt_block_indexes=[1])
 
 
+# Qwen2.5-VL-3B-Instruct's vision tower (its config.json), for realistic shapes on a GPU
+VISION_3B = dict(depth=32, hidden_size=1280, intermediate_size=3420, num_heads=16,
+                 fullatt_block_indexes=[7, 15, 23, 31])
+
+
 def build_processor(tokenizer=None, min_pixels: int = 56 * 56, max_pixels: int = 224 * 224):
     """Qwen2.5-VL processor over the byte-level tokenizer. With the defaults a 224x224 image gives 64
     <|image_pad|> tokens (16x16 patches of 14 px, merged 2x2); larger images are shrunk to max_pixels."""
@@ -157,8 +162,9 @@ def mrope_sections(head_dim: int) -> list[int]:
 
 def build_qwen2_5_vl(seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                      intermediate: int = 128, min_pixels: int = 56 * 56, max_pixels: int = 224 * 224,
-                     tokenizer=None):
-    """A tiny randomly initialised Qwen2_5_VLForConditionalGeneration (fp32) and its processor."""
+                     tokenizer=None, vision: dict | None = None):
+    """A tiny randomly initialised Qwen2_5_VLForConditionalGeneration (fp32) and its processor. `vision` replaces
+    the tiny vision tower's settings (e.g. VISION_3B, the real 3B model's tower)."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     processor = build_processor(tokenizer, min_pixels=min_pixels, max_pixels=max_pixels)
@@ -170,7 +176,7 @@ def build_qwen2_5_vl(seed: int = 0, hidden: int = 64, layers: int = 2, heads: in
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": mrope_sections(hidden // heads)},
         **ids,
     )
-    vision_config = dict(VISION_CONFIG, out_hidden_size=hidden)
+    vision_config = dict(VISION_CONFIG, **(vision or {}), out_hidden_size=hidden)
     cfg = Qwen2_5_VLConfig(
         text_config=text_config,
         vision_config=vision_config,
