@@ -1008,3 +1008,19 @@ def test_qwen2_5_vl_trains_through_verl_backend(tmp_path):
 def test_ba_ppo_is_refused_on_verl(model_dir):
     with pytest.raises(VerlConfigError, match="BA-PPO"):
         make_verl(make_cfg(model_dir, critic="true"))
+
+
+def test_resume_takes_the_runs_recorded_config_not_the_presets(tmp_path):
+    """`verl_main --config P bapo.resume=DIR`: model, task and batch come from DIR's record (on a GPU, the preset's
+    hub id was loaded instead of the run's local model and the resume died offline); allowed changes still apply."""
+    from bapo_vl.backends.verl_main import load_configs
+    from bapo_vl.config import load_config
+    from bapo_vl.train import train
+
+    run = train(load_config(overrides=["steps=1", "batch_size=4", "max_response_length=8", f"run_dir={tmp_path}",
+                                       "name=r", "lr=3e-4"]), quiet=True)
+    preset = str(ROOT / "bapo_vl" / "presets" / "verl_geometry3k.yaml")  # a different task and hub model
+    cfg, vcfg = load_configs(preset, [f"bapo.resume={run}", "bapo.steps=3"])
+    assert (cfg.task, cfg.batch_size, cfg.lr, cfg.steps, cfg.resume) == ("countdown", 4, 3e-4, 3, str(run))
+    assert vcfg.actor_rollout_ref.model.path == load_configs(str(ROOT / "bapo_vl" / "presets" / "verl_tiny.yaml"),
+                                                             [])[1].actor_rollout_ref.model.path

@@ -38,18 +38,24 @@ def load_configs(path: str, overrides: list[str]):
     data = yaml.safe_load(Path(path).read_text())
     bapo = [f"{k}={yaml.safe_dump(v, default_flow_style=True).strip().removesuffix('...').strip()}"
             for k, v in (data.get("bapo") or {}).items()]
+    given = []  # bapo. overrides from the command line
     verl_keys = {k: str(v) for k, v in (data.get("verl") or {}).items()}
     for item in overrides:
         scope, _, rest = item.partition(".")
         if scope == "bapo":
-            bapo.append(rest)
+            given.append(rest)
         elif scope == "verl":
             key, _, value = rest.partition("=")
             verl_keys[key] = value  # the command line wins over the preset file (hydra refuses a key twice)
         else:
             raise ValueError(f"override {item!r}: prefix it with bapo. or verl.")
     verl_over = [f"{k}={v}" for k, v in verl_keys.items()]
-    cfg = load_config(preset=data.get("preset"), overrides=bapo)
+    resume = next((o.partition("=")[2] for o in given if o.startswith("resume=")), None)
+    if resume:  # the run's recorded config, not the preset's (as `bapo train resume=DIR`)
+        from bapo_vl.train import resume_config
+        cfg = resume_config(resume, [o for o in given if not o.startswith("resume=")])
+    else:
+        cfg = load_config(preset=data.get("preset"), overrides=bapo + given)
     derived = derived_settings(cfg)
     for item in verl_over:
         key = item.partition("=")[0].lstrip("+")
