@@ -142,7 +142,7 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
     except subprocess.TimeoutExpired:
         rc = "timeout"
     result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), rc=rc, wall_s=time.time() - t0,
-                  steps=steps, **steps_summary(run_dir / name / "run.db"))
+                  steps=steps, overrides=extra, **steps_summary(run_dir / name / "run.db"))
     _write(out, result)
 
 
@@ -182,17 +182,19 @@ def report(files: list[Path]):
         base = next((r for r in rows if r["backend"] == "embedded" and "step_s" in r), None)
         print(f"\n## {shape}" + (f" (decode bound {b['tokens_per_s']:,.0f} tokens/s = {b['decode_step_ms']:.2f} ms "
                                   f"per step at {b['copy_rate_GBps']:.0f} GB/s, {b['card']})" if b else ""))
-        print("| backend | card | step s | generate / score / train / sync s | response tokens | generate tok/s "
-              "| x embedded | of bound | train tok/s |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| backend | card | changed settings | step s | generate / score / train / sync s | response tokens "
+              "| generate tok/s | step x embedded | of bound | train tok/s |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
             label = "embedded" if r["backend"] == "embedded" else f"verl, {r['gpus']} GPU"
+            changed = " ".join(r.get("overrides") or []) or "-"
             if "step_s" not in r:
-                print(f"| {label} | {r['card']} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | |")
+                print(f"| {label} | {r['card']} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | |")
                 continue
-            ratio = f"{r['step_s'] and base['step_s'] / r['step_s']:.2f}x step" if base else "-"
-            frac = f"{r['generate_tokens_per_s'] / b['tokens_per_s']:.1%}" if b else "-"
-            print(f"| {label} | {r['card']} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {r['score_s']:.2f} / "
+            comparable = base and (base["card"], base.get("overrides")) == (r["card"], r.get("overrides"))
+            ratio = f"{base['step_s'] / r['step_s']:.2f}x" if comparable else "- (other card or settings)"
+            frac = f"{r['generate_tokens_per_s'] / b['tokens_per_s']:.1%}" if b and b["card"] == r["card"] else "-"
+            print(f"| {label} | {r['card']} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {r['score_s']:.2f} / "
                   f"{r['train_s']:.2f} / {r['sync_s']:.2f} | {r['rollouts']:.0f} x {r['response_length']:.0f} | "
                   f"{r['generate_tokens_per_s']:,.0f} | {ratio} | {frac} | {r['train_tokens_per_s']:,.0f} |")
 
