@@ -1,11 +1,19 @@
-"""The `bapo` command line: bapo train | bapo runs [show RUN | upgrade RUN] | bapo tasks | bapo eval MODEL."""
+"""The `bapo` command line: bapo train | bapo runs [show RUN | upgrade RUN] | bapo tasks | bapo eval MODEL.
+
+A bad input (config key, file, run, task, model) ends the command with one line, `bapo: ...`, naming the item and
+what to do, exit code 2; a failure while it runs (a full disk) with one line and exit code 1. --debug adds the
+traceback."""
 from __future__ import annotations
 
 import argparse
 import logging
 import sys
+import traceback
 
 from bapo_vl.plugins import PluginError
+
+# What bad input raises (the project's own ConfigError, RunLockedError, ... are ValueErrors): exit code 2.
+INPUT_ERRORS = (ValueError, KeyError, FileNotFoundError, PluginError)
 
 
 def cmd_train(args) -> int:
@@ -94,8 +102,17 @@ def cmd_eval(args) -> int:
     return run(EvalOptions(**given), as_json=args.json, out=args.out)
 
 
+def one_line(e: BaseException, with_type: bool = False) -> str:
+    """The error as one line: a KeyError's message unquoted, line breaks joined; `with_type` names its class."""
+    text = e.args[0] if type(e) is KeyError and len(e.args) == 1 and isinstance(e.args[0], str) else str(e)
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return f"{type(e).__name__}: {text}" if with_type else text
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bapo", description="BAPO: off-policy RLVR with batch adaptation")
+    debug_help = "on an error, print the traceback too (default: one line naming what to fix)"
+    parser.add_argument("--debug", action="store_true", help=debug_help)
     parser.add_argument("--tasks-dir", dest="tasks_dirs", action="append", default=[], metavar="DIR",
                         help="an extra folder of task plugins (repeatable; train adds it to tasks_dirs)")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -125,12 +142,14 @@ def main(argv=None) -> int:
     p.add_argument("--splits", help="comma-separated sets, e.g. cd34,cd4 (default: the task's EVAL_SPLITS)")
     p.add_argument("--checkpoint", type=int, metavar="N", help="with a run directory: checkpoints/step_N, not final/")
     p.add_argument("--source", help="data file or folder, passed to the task's load()")
-    p.add_argument("--template", help="prompt template, passed to load() (default: the run's)")
+    p.add_argument("--template", help="prompt template, passed to load() (default: the run's, or that of "
+                   "the preset that trains the model on the task)")
     p.add_argument("--limit", type=int, metavar="N", help="first N problems of each set")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="another load() option")
     p.add_argument("--k", type=int, help="samples per problem (default 8)")
     p.add_argument("--temperature", type=float, help="sampling temperature (default 1.0; 0 = greedy, needs --k 1)")
-    p.add_argument("--max-new-tokens", type=int, metavar="N", help="default: the run's max_response_length")
+    p.add_argument("--max-new-tokens", type=int, metavar="N", help="default: the run's (or that preset's) "
+                   "max_response_length, within the model's positions")
     p.add_argument("--batch-size", type=int, metavar="N", help="sequences per generate call")
     p.add_argument("--device", help="auto (default) | cpu | cuda")
     p.add_argument("--seed", type=int)
@@ -144,13 +163,28 @@ def main(argv=None) -> int:
     from bapo_vl.app.cli import add_parser as add_dashboard_parser  # imports no gradio until it runs
 
     add_dashboard_parser(sub)
-    args = parser.parse_args(argv)
+    for p in sub.choices.values():  # SUPPRESS: `bapo --debug train` is not undone by the subcommand's default
+        p.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=debug_help)
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "train" and not any(x.startswith("-") for x in extra):
+        args.overrides += extra  # key=value after an option (`--config c.yaml steps=5`): argparse leaves it over
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
         return args.fn(args)
-    except (ValueError, KeyError, FileNotFoundError, PluginError) as e:
-        print(f"bapo: {e}", file=sys.stderr)
-        return 2
+    except KeyboardInterrupt:
+        print("bapo: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - one line for the user; the traceback with --debug
+        code = 2 if isinstance(e, INPUT_ERRORS) else 1
+        if args.debug:
+            traceback.print_exc()
+        # the project's own errors say all in their message; another library's needs its class (OSError: ...)
+        own = type(e).__module__.startswith("bapo_vl")
+        hint = "" if code == 2 or args.debug else " (--debug shows the traceback)"
+        print(f"bapo: {one_line(e, with_type=code == 1 and not own)}{hint}", file=sys.stderr)
+        return code
 
 
 if __name__ == "__main__":

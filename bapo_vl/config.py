@@ -3,7 +3,9 @@ change fields by name. Paper defaults are SPEC section 4; fields marked [code] f
 from __future__ import annotations
 
 import ast
+import copy
 import dataclasses
+import difflib
 import functools
 import inspect
 import re
@@ -14,179 +16,57 @@ from typing import Any
 import yaml
 
 from bapo_vl.algorithm import ONLINE_FILTERS, PROMOTE_RULES
-from bapo_vl.losses import LossConfig, get_policy_loss
+from bapo_vl.losses import AGG_MODES, POLICY_LOSSES, LossConfig
+from bapo_vl.record import SINKS
 
 PRESET_DIR = Path(__file__).parent / "presets"
 # Config fields that LossConfig takes under the same name (Config's loss and loss_agg are its name and agg)
 SHARED_LOSS_FIELDS = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "agg", "bac_reduce"}
 
 
-@dataclass
-class Config:
-    # --- run ---
-    task: str = "countdown"
-    """task plugin name (`bapo tasks` lists them)"""
-    task_options: dict = field(default_factory=dict)
-    """passed to the task's load(), e.g. {template: compact, source: path/to/train.parquet}"""
-    tasks_dirs: list = field(default_factory=list)
-    """extra folders searched for task plugins"""
-    model: str = "countdown-tiny"
-    """hub id, local path, or the name of a policy bundled in bapo_vl/policy/ (the tiny countdown policy)"""
-    run_dir: str = "runs"
-    """runs are written to run_dir/name"""
-    name: str | None = None
-    """run name; default: <algo>-<task>-<timestamp>"""
-    resume: str | None = None
-    """a run directory to continue from its latest complete checkpoint, with the config recorded there (only steps,
-    save_every, log_samples, report_to, device, run_dir may change)"""
-    seed: int = 42
-    """seeds data order, sampling and BAPO's random choices"""
-    steps: int = 100
-    """training steps T"""
-    device: str = "auto"
-    """auto | cpu | cuda"""
-    dtype: str = "auto"
-    """auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"""
-    algo: str = "bapo"
-    """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | ba_ppo | mini_test"""
+class ConfigError(ValueError):
+    """A config value that is refused; the message names the key (and the file it came from) and what it takes."""
 
-    # --- sampling ---
-    batch_size: int = 256
-    """B: prompts sampled per step, also the training batch capacity and B_bad's capacity"""
-    group_size: int = 8
-    """G: responses per prompt"""
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    """-1: no top-k cut"""
-    max_prompt_length: int = 2048
-    """tokens, images included; a longer prompt is an error"""
-    max_response_length: int = 8192
-    """tokens generated per response at most"""
-    generate_batch_size: int = 256
-    """sequences per generate call"""
+    def __init__(self, message: str, key: str | None = None):
+        super().__init__(message)
+        self.key = key
 
-    # --- BAPO batch adaptation ---
-    delay: int = 5
-    """v: the rollout policy is synchronised with the trainer every v steps (v=1: on-policy)"""
-    online_filter: str = "range"
-    """X1 filter (algorithm.ONLINE_FILTERS): range (keep 1/G <= mu <= (G-1)/G) | gaussian | uniform | none"""
-    gaussian_mean: float = 0.5
-    """gaussian filter: keep a group with probability exp(-(mu - mean)^2 / (2 std^2))"""
-    gaussian_std: float = 0.2
-    uniform_keep: float = 0.6
-    """uniform filter: the fraction of groups kept"""
-    use_x2: bool = True
-    """re-evaluate B_bad and promote improved prompts (X2)"""
-    reeval_every: int = 5
-    """m: re-evaluation frequency in steps"""
-    reeval_max: int = 128
-    """at most this many B_bad prompts are re-evaluated"""
-    promote: str = "threshold"
-    """X2 rule (algorithm.PROMOTE_RULES): threshold (c1 < mu_new < 1, paper) | improved (mu_new > mu_old, [code])"""
-    use_x3: bool = True
-    """replay high-quality groups from B_high (X3)"""
-    high_max_age: int = 3
-    """B_high keeps groups of the most recent steps only"""
-    high_max_uids: int | None = None
-    """[code] caps B_high at 8 uids; None = uncapped (paper)"""
-    c1: float = 1 / 8
-    """fresh groups with mu <= c1 go to B_bad (the X2 source)"""
-    c2_range: tuple = (1 / 8, 4 / 8)
-    """[low, high] of c2, the lower bound of mu for B_high: c2 = low + r_tot * (high - low) (eq. 8)"""
-    c3_range: tuple = (2 / 8, 5 / 8)
-    """[low, high] of c3, the upper bound of mu for B_high (eq. 8)"""
-    dynamic_sampling_rounds: int = 0
-    """DAPO: generate until B groups with 0 < mu < 1, at most this many rounds (0 = off)"""
 
-    # --- optimisation ---
-    lr: float = 1e-6
-    weight_decay: float = 0.0
-    grad_clip: float = 1.0
-    epochs: int = 1
-    """passes over each training batch (ppo_epochs)"""
-    mini_batch_size: int = 64
-    """prompts (groups) per optimizer step"""
-    micro_batch_size: int = 16
-    """sequences per forward/backward (gradient accumulation inside a mini-batch)"""
-    # loss defaults are declared once, in losses.LossConfig; so are their docs (field_docs reads them there)
-    loss: str = LossConfig.name
-    """policy loss: ppo_clip | gspo | balanced_clip"""
-    clip_low: float = LossConfig.clip_low
-    clip_high: float = LossConfig.clip_high
-    dual_clip: float | None = LossConfig.dual_clip
-    loss_agg: str = LossConfig.agg
-    """token-mean | seq-mean-token-mean | seq-mean-token-sum"""
-    kl_coef: float = LossConfig.kl_coef
-    entropy_coef: float = LossConfig.entropy_coef
-    bac_clip_low_range: tuple = LossConfig.bac_clip_low_range
-    bac_clip_high_range: tuple = LossConfig.bac_clip_high_range
-    bac_target: float = LossConfig.bac_target
-    bac_step: float = LossConfig.bac_step
-    bac_dual_clip: float = LossConfig.bac_dual_clip
-    critic: bool = False
-    """BA-PPO (paper A.9): a learned critic and GAE (gamma = lam = 1) instead of GRPO's group baseline"""
-    critic_lr: float = 1e-5
-    """critic: learning rate of the value model"""
-    value_clip: float = 0.5
-    """critic: clipped value loss, |V − V_old| <= value_clip"""
-    tis_threshold: float | None = None
-    """[code] token-level truncated importance sampling threshold (3 in the authors' code); None = off"""
-    adv_eps: float = 1e-6
-    """ε of the GRPO advantage (r - mean) / sqrt(std^2 + ε)"""
+class UnknownKey(ConfigError, KeyError):
+    """A key that is no Config field (a KeyError for lookups, a ConfigError for the command line)."""
 
-    # --- images (vision-language models) ---
-    min_pixels: int = 3136
-    """the processor resizes each image to between min_pixels and max_pixels pixels"""
-    max_pixels: int = 1003520
+    def __str__(self):
+        return str(self.args[0])  # KeyError would quote the message
 
-    # --- record ---
-    log_samples: int = 4
-    """responses kept per step in the run record"""
-    save_every: int = 0
-    """checkpoint every N steps (0: only at the end)"""
-    report_to: list = field(default_factory=list)
-    """extra scalar sinks: tensorboard, wandb"""
 
-    def __post_init__(self):
-        self.c2_range, self.c3_range = tuple(self.c2_range), tuple(self.c3_range)
-        self.bac_clip_low_range, self.bac_clip_high_range = tuple(self.bac_clip_low_range), tuple(self.bac_clip_high_range)
-        for f in dataclasses.fields(self):  # YAML reads 1e-6 as a string: coerce numbers by annotation
-            value, kind = getattr(self, f.name), f.type.split(" ")[0]
-            if kind in ("int", "float") and isinstance(value, (str, int, float)) and not isinstance(value, bool):
-                try:
-                    number = float(value) if kind == "float" else int(value)
-                except ValueError:
-                    raise ValueError(f"{f.name}={value!r} is not {'a number' if kind == 'float' else 'an integer'}") from None
-                if kind == "int" and number != float(value):
-                    raise ValueError(f"{f.name}={value!r} is not an integer")
-                setattr(self, f.name, number)
-        checks = [
-            (self.group_size >= 2, "group_size must be >= 2 (GRPO needs a group); set group_size=8"),
-            (self.batch_size >= 1, "batch_size must be >= 1"),
-            (self.delay >= 1, "delay (v) must be >= 1; delay=1 is on-policy"),
-            (self.reeval_every >= 1, "reeval_every (m) must be >= 1"),
-            # the registries decide which names exist, so a newly registered filter or rule is valid here too
-            (self.online_filter in ONLINE_FILTERS,
-             f"online_filter={self.online_filter!r}: choose one of {', '.join(ONLINE_FILTERS)}"),
-            (self.promote in PROMOTE_RULES, f"promote={self.promote!r}: choose one of {', '.join(PROMOTE_RULES)}"),
-            (self.micro_batch_size >= 1 and self.mini_batch_size >= 1, "mini/micro batch sizes must be >= 1"),
-            (0 <= self.c1 < 1, "c1 must be in [0, 1)"),
-        ]
-        for ok, message in checks:
-            if not ok:
-                raise ValueError(message)
-        get_policy_loss(self.loss)  # unknown names fail here, listing the known ones
-        self.loss_config()  # and so do bad loss settings
+@dataclass(frozen=True)
+class Range:
+    """The numbers a field takes: above gt / from ge, below lt / up to le (None: no bound on that side)."""
+    gt: float | None = None
+    ge: float | None = None
+    lt: float | None = None
+    le: float | None = None
 
-    def loss_config(self, **extra) -> LossConfig:
-        """The loss settings as the loss functions take them (`extra`: e.g. bac_reduce)."""
-        shared = {k: getattr(self, k) for k in SHARED_LOSS_FIELDS}
-        return LossConfig(name=self.loss, agg=self.loss_agg, **shared, **extra)
+    def __contains__(self, x) -> bool:
+        return ((self.gt is None or x > self.gt) and (self.ge is None or x >= self.ge)
+                and (self.lt is None or x < self.lt) and (self.le is None or x <= self.le))
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def __str__(self) -> str:
+        bounds = ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le))
+        return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None)
 
+
+def within(default, accepted, hint: str = ""):
+    """A Config field whose values must be `in accepted`: a Range, or the names it takes (a tuple, or a registry,
+    so that a newly registered name counts). For a list or pair field, each item. `hint` ends the error message."""
+    meta = {"accepted": accepted, "hint": hint}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: copy.copy(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("auto", "float32", "bfloat16")  # the embedded backend computes in bf16 (autocast) or fp32
 
 # The baselines are presets of the same trainer (SPEC section 3), applied on top of the task preset.
 ALGOS: dict[str, dict[str, Any]] = {
@@ -204,7 +84,252 @@ ALGOS: dict[str, dict[str, Any]] = {
     "mini_test": dict(online_filter="range", c1=0.0, c2_range=(0.5, 0.5), c3_range=(0.5, 0.5), reeval_every=1),
 }
 
+
+@dataclass
+class Config:
+    """Every field is checked on creation (check_fields): its type from the annotation, its range or names from
+    `within`. So a preset, a --config file, `key=value` and Config(...) in Python all meet the same checks."""
+    # --- run ---
+    task: str = "countdown"
+    """task plugin name (`bapo tasks` lists them)"""
+    task_options: dict = field(default_factory=dict)
+    """passed to the task's load(), e.g. {template: compact, source: path/to/train.parquet}"""
+    tasks_dirs: list[str] = field(default_factory=list)
+    """extra folders searched for task plugins"""
+    model: str = "countdown-tiny"
+    """hub id, local path, or the name of a policy bundled in bapo_vl/policy/ (the tiny countdown policy)"""
+    run_dir: str = "runs"
+    """runs are written to run_dir/name"""
+    name: str | None = None
+    """run name; default: <algo>-<task>-<timestamp>"""
+    resume: str | None = None
+    """a run directory to continue from its latest complete checkpoint, with the config recorded there (only steps,
+    max_rollouts, save_every, log_samples, report_to, device, run_dir may change)"""
+    seed: int = 42
+    """seeds data order, sampling and BAPO's random choices"""
+    steps: int = within(100, Range(ge=1))
+    """training steps T"""
+    max_rollouts: int = within(0, Range(ge=0), "0 = no rollout budget")
+    """rollout budget: stop after the first step at which the responses generated so far (fresh and re-evaluation
+    alike, the steps' `rollouts`) reach it, so a run overshoots by less than one step; 0 = no limit (steps caps)"""
+    device: str = within("auto", DEVICES)
+    """auto | cpu | cuda"""
+    dtype: str = within("auto", DTYPES)
+    """auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"""
+    algo: str = within("bapo", ALGOS)
+    """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | ba_ppo | mini_test"""
+
+    # --- sampling ---
+    batch_size: int = within(256, Range(ge=1))
+    """B: prompts sampled per step, also the training batch capacity and B_bad's capacity"""
+    group_size: int = within(8, Range(ge=2), "GRPO needs a group; e.g. group_size=8")
+    """G: responses per prompt"""
+    temperature: float = within(1.0, Range(gt=0))
+    top_p: float = within(1.0, Range(gt=0, le=1))
+    top_k: int = within(-1, Range(ge=-1))
+    """-1: no top-k cut"""
+    max_prompt_length: int = within(2048, Range(ge=1))
+    """tokens, images included; a longer prompt is an error"""
+    max_response_length: int = within(8192, Range(ge=1))
+    """tokens generated per response at most"""
+    generate_batch_size: int = within(256, Range(ge=1))
+    """sequences per generate call"""
+
+    # --- BAPO batch adaptation ---
+    delay: int = within(5, Range(ge=1), "delay=1 is on-policy")
+    """v: the rollout policy is synchronised with the trainer every v steps (v=1: on-policy)"""
+    online_filter: str = within("range", ONLINE_FILTERS)
+    """X1 filter (algorithm.ONLINE_FILTERS): range (keep 1/G <= mu <= (G-1)/G) | gaussian | uniform | none"""
+    gaussian_mean: float = within(0.5, Range(ge=0, le=1))
+    """gaussian filter: keep a group with probability exp(-(mu - mean)^2 / (2 std^2))"""
+    gaussian_std: float = within(0.2, Range(gt=0))
+    uniform_keep: float = within(0.6, Range(ge=0, le=1))
+    """uniform filter: the fraction of groups kept"""
+    use_x2: bool = True
+    """re-evaluate B_bad and promote improved prompts (X2)"""
+    reeval_every: int = within(5, Range(ge=1))
+    """m: re-evaluation frequency in steps"""
+    reeval_max: int = within(128, Range(ge=1))
+    """at most this many B_bad prompts are re-evaluated"""
+    promote: str = within("threshold", PROMOTE_RULES)
+    """X2 rule (algorithm.PROMOTE_RULES): threshold (c1 < mu_new < 1, paper) | improved (mu_new > mu_old, [code])"""
+    use_x3: bool = True
+    """replay high-quality groups from B_high (X3)"""
+    high_max_age: int = within(3, Range(ge=1))
+    """B_high keeps groups of the most recent steps only"""
+    high_max_uids: int | None = within(None, Range(ge=1))
+    """[code] caps B_high at 8 uids; None = uncapped (paper)"""
+    c1: float = within(1 / 8, Range(ge=0, lt=1))
+    """fresh groups with mu <= c1 go to B_bad (the X2 source)"""
+    c2_range: tuple[float, float] = within((1 / 8, 4 / 8), Range(ge=0, le=1))
+    """[low, high] of c2, the lower bound of mu for B_high: c2 = low + r_tot * (high - low) (eq. 8)"""
+    c3_range: tuple[float, float] = within((2 / 8, 5 / 8), Range(ge=0, le=1))
+    """[low, high] of c3, the upper bound of mu for B_high (eq. 8)"""
+    dynamic_sampling_rounds: int = within(0, Range(ge=0))
+    """DAPO: generate until B groups with 0 < mu < 1, at most this many rounds (0 = off)"""
+
+    # --- optimisation ---
+    lr: float = within(1e-6, Range(gt=0))
+    weight_decay: float = within(0.0, Range(ge=0))
+    grad_clip: float = within(1.0, Range(gt=0))
+    epochs: int = within(1, Range(ge=1))
+    """passes over each training batch (ppo_epochs)"""
+    mini_batch_size: int = within(64, Range(ge=1))
+    """prompts (groups) per optimizer step"""
+    micro_batch_size: int = within(16, Range(ge=1))
+    """sequences per forward/backward (gradient accumulation inside a mini-batch)"""
+    # loss defaults are declared once, in losses.LossConfig; so are their docs (field_docs reads them there)
+    loss: str = within(LossConfig.name, POLICY_LOSSES)
+    """policy loss: ppo_clip | gspo | balanced_clip"""
+    clip_low: float = LossConfig.clip_low
+    clip_high: float = LossConfig.clip_high
+    dual_clip: float | None = LossConfig.dual_clip
+    loss_agg: str = within(LossConfig.agg, AGG_MODES)
+    """token-mean | seq-mean-token-mean | seq-mean-token-sum"""
+    kl_coef: float = within(LossConfig.kl_coef, Range(ge=0))
+    entropy_coef: float = LossConfig.entropy_coef
+    bac_clip_low_range: tuple[float, float] = LossConfig.bac_clip_low_range
+    bac_clip_high_range: tuple[float, float] = LossConfig.bac_clip_high_range
+    bac_target: float = LossConfig.bac_target
+    bac_step: float = LossConfig.bac_step
+    bac_dual_clip: float = LossConfig.bac_dual_clip
+    critic: bool = False
+    """BA-PPO (paper A.9): a learned critic and GAE (gamma = lam = 1) instead of GRPO's group baseline"""
+    critic_lr: float = within(1e-5, Range(gt=0))
+    """critic: learning rate of the value model"""
+    value_clip: float = within(0.5, Range(gt=0))
+    """critic: clipped value loss, |V − V_old| <= value_clip"""
+    tis_threshold: float | None = within(None, Range(gt=0))
+    """[code] token-level truncated importance sampling threshold (3 in the authors' code); None = off"""
+    adv_eps: float = within(1e-6, Range(gt=0))
+    """ε of the GRPO advantage (r - mean) / sqrt(std^2 + ε)"""
+
+    # --- images (vision-language models) ---
+    min_pixels: int = within(3136, Range(ge=1))
+    """the processor resizes each image to between min_pixels and max_pixels pixels"""
+    max_pixels: int = within(1003520, Range(ge=1))
+
+    # --- record ---
+    log_samples: int = within(4, Range(ge=0))
+    """responses kept per step in the run record"""
+    save_every: int = within(0, Range(ge=0))
+    """checkpoint every N steps (0: only at the end)"""
+    report_to: list[str] = within([], SINKS)
+    """extra scalar sinks: tensorboard, wandb"""
+
+    def __post_init__(self):
+        check_fields(self)
+        if self.min_pixels > self.max_pixels:
+            raise ConfigError(f"min_pixels={self.min_pixels} is above max_pixels={self.max_pixels}", "min_pixels")
+        try:
+            self.loss_config()  # LossConfig checks its own settings (dual_clip > 1, ...)
+        except ValueError as e:
+            raise ConfigError(str(e).replace("LossConfig.", "")) from None
+
+    def loss_config(self, **extra) -> LossConfig:
+        """The loss settings as the loss functions take them (`extra`: e.g. bac_reduce)."""
+        shared = {k: getattr(self, k) for k in SHARED_LOSS_FIELDS}
+        return LossConfig(name=self.loss, agg=self.loss_agg, **shared, **extra)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+
+
+# --- field checks: the type from the annotation, the range or names from `within` --------------------------------
+
+TYPE_WORDS = {"int": "an integer", "float": "a number", "str": "a string", "bool": "true or false",
+              "dict": "a mapping {key: value, ...}", "list": "a list [a, b, ...]",
+              "tuple": "a pair [low, high] with low <= high"}
+
+
+def _int(x, items=()):
+    if isinstance(x, bool):
+        raise TypeError(x)
+    if isinstance(x, int):
+        return x
+    number = float(x)  # "2", 2.0 and "1e3" are integers too
+    if number != int(number):
+        raise ValueError(x)
+    return int(number)
+
+
+def _float(x, items=()):
+    if isinstance(x, bool):
+        raise TypeError(x)
+    return float(x)  # YAML reads 1e-6 (no dot) as the string "1e-6"
+
+
+def _str(x, items=()):
+    if isinstance(x, bool) or not isinstance(x, (str, int, float)):
+        raise TypeError(x)
+    return str(x)  # YAML reads name=2024 as a number
+
+
+def _bool(x, items=()):
+    if not isinstance(x, bool):
+        raise TypeError(x)
+    return x
+
+
+def _dict(x, items=()):
+    if not isinstance(x, dict):
+        raise TypeError(x)
+    return x
+
+
+def _list(x, items):
+    if not isinstance(x, (list, tuple)):
+        raise TypeError(x)  # a string would be iterated character by character
+    return [CONVERT[items[0]](v) for v in x]
+
+
+def _pair(x, items):
+    if not isinstance(x, (list, tuple)) or len(x) != len(items):
+        raise TypeError(x)
+    low, high = (CONVERT[kind](v) for kind, v in zip(items, x))
+    if not low <= high:
+        raise ValueError(x)
+    return low, high
+
+
+CONVERT = {"int": _int, "float": _float, "str": _str, "bool": _bool, "dict": _dict, "list": _list, "tuple": _pair}
+
+
+def _annotation(f: dataclasses.Field) -> tuple[str, list[str], bool]:
+    """(kind, item kinds, optional) of a field's annotation: "tuple[float, float] | None" -> tuple, [float, float],
+    True."""
+    optional = f.type.endswith(" | None")
+    kind, _, items = f.type.removesuffix(" | None").partition("[")
+    return kind, [i.strip() for i in items.rstrip("]").split(",") if i.strip()], optional
+
+
+def check_field(f: dataclasses.Field, value):
+    """`value` as field `f` takes it, or a ConfigError naming the key, the value and what the field takes."""
+    kind, items, optional = _annotation(f)
+    if value is None and optional:
+        return None
+    try:
+        value = CONVERT[kind](value, items)
+    except (TypeError, ValueError, OverflowError):
+        example = f"; e.g. {f.name}=[{value}]" if kind == "list" and isinstance(value, str) else ""
+        raise ConfigError(f"{f.name}={value!r}: must be {TYPE_WORDS[kind]}{' or null' if optional else ''}{example}",
+                          f.name) from None
+    accepted, hint = f.metadata.get("accepted"), f.metadata.get("hint")
+    each = isinstance(value, (list, tuple))
+    if accepted is not None and not all(v in accepted for v in (value if each else [value])):
+        what = (f"{'each must' if each else 'must'} be {accepted}" if isinstance(accepted, Range)
+                else f"choose {'from' if each else 'one of'} {', '.join(accepted)}")
+        raise ConfigError(f"{f.name}={value!r}: {what}" + (f" ({hint})" if hint else ""), f.name)
+    return value
+
+
+def check_fields(cfg: Config) -> None:
+    """Every field of cfg checked (and converted: YAML's "1e-6" to a float, a list to a pair) in place."""
+    for f in dataclasses.fields(cfg):
+        setattr(cfg, f.name, check_field(f, getattr(cfg, f.name)))
 
 
 # --- field docs: the string literal after each field (an attribute docstring), read from the source ------------
@@ -264,6 +389,12 @@ def config_help() -> str:
     return "\n".join(out)
 
 
+def unknown_key(key: str, where: str = "") -> UnknownKey:
+    close = difflib.get_close_matches(key, FIELDS, n=3)
+    return UnknownKey(f"{where}unknown config key {key!r}"
+                      + (f"; did you mean {' or '.join(close)}?" if close else "; `bapo train --help` lists them"), key)
+
+
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     """`key=value` strings -> (key, YAML value) pairs; unknown keys and items without `=` are refused."""
     pairs = []
@@ -271,33 +402,61 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep:
-            raise ValueError(f"override {item!r} is not key=value")
+            raise ConfigError(f"override {item!r} is not key=value")
         if key not in FIELDS:
-            raise KeyError(f"unknown config key {key!r}; known keys: {', '.join(sorted(FIELDS))}")
-        pairs.append((key, yaml.safe_load(text)))
+            raise unknown_key(key)
+        try:
+            pairs.append((key, yaml.safe_load(text)))
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{item}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
+                              f"quote it, e.g. {key}='...'", key) from None
     return pairs
+
+
+def read_config_file(path: Path) -> dict:
+    """The fields a preset or --config file sets; the errors name the file (and the line)."""
+    if not path.is_file():
+        known = ", ".join(p.stem for p in sorted(PRESET_DIR.glob("*.yaml")))
+        raise FileNotFoundError(f"config {path} not found (presets: {known})")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: a config file holds `key: value` lines, not a {type(data).__name__}")
+    for key in data:
+        if key not in FIELDS:
+            raise unknown_key(str(key), f"{path}: ")
+    return data
 
 
 def load_config(preset: str | None = None, file: str | None = None, overrides: list[str] = ()) -> Config:
     """Config from a preset name (presets/<name>.yaml), then a YAML file, then `key=value` overrides.
-    `algo=...` expands to its preset fields before the other overrides, so `algo=dapo clip_high=0.3` works."""
+    `algo=...` expands to its preset fields before the other overrides, so `algo=dapo clip_high=0.3` works.
+    A value refused from a file is reported with the file's path."""
     values: dict[str, Any] = {}
+    origin: dict[str, Path] = {}  # the file each value came from (none: an override or an algo preset)
     for path in [PRESET_DIR / f"{preset or 'tiny'}.yaml", file]:
-        if path is None:
-            continue
-        path = Path(path)
-        if not path.is_file():
-            known = ", ".join(p.stem for p in sorted(PRESET_DIR.glob("*.yaml")))
-            raise FileNotFoundError(f"config {path} not found (presets: {known})")
-        data = yaml.safe_load(path.read_text()) or {}
-        for key in data:
-            if key not in FIELDS:
-                raise KeyError(f"{path}: unknown config key {key!r}")
-        values.update(data)
+        if path is not None:
+            data = read_config_file(Path(path))
+            values.update(data)
+            origin.update(dict.fromkeys(data, Path(path)))
     pairs = parse_overrides(overrides)
     algo = dict(pairs).get("algo", values.get("algo", "bapo"))
     if algo not in ALGOS:
-        raise ValueError(f"algo={algo!r}: choose one of {', '.join(ALGOS)}")
+        where = f"{origin['algo']}: " if "algo" in origin and "algo" not in dict(pairs) else ""
+        raise ConfigError(f"{where}algo={algo!r}: choose one of {', '.join(ALGOS)}", "algo")
     values.update(ALGOS[algo], algo=algo)
     values.update(pairs)
-    return Config(**values)
+    for key in [*ALGOS[algo], *dict(pairs)]:
+        origin.pop(key, None)
+    try:
+        return Config(**values)
+    except ConfigError as e:
+        if e.key in origin:
+            raise ConfigError(f"{origin[e.key]}: {e}", e.key) from None
+        raise

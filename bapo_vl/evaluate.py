@@ -1,6 +1,6 @@
 """`bapo eval`: accuracy of a policy on a task's evaluation sets, k samples per problem.
 
-    bapo eval countdown-tiny --task countdown --template compact --k 8    # hub id, local path or bundled policy
+    bapo eval countdown-tiny --task countdown --k 8                       # hub id, local path or bundled policy
     bapo eval runs/bapo-countdown-x                                       # a run: its final/ policy, task, template
     bapo eval runs/bapo-countdown-x --checkpoint 30 --run runs/bapo-countdown-x   # checkpoints/step_30, recorded
 
@@ -14,24 +14,38 @@ and the average over the sets (each set weighs the same; verdict counts are summ
 Generation goes through the backend contract (bapo_vl/backends/base.py) of the embedded backend, as in training
 (chat template, images via Problem.images), with one model copy (delay=1, kl_coef=0) and no log-probs. It samples
 at `temperature`; temperature 0 is greedy decoding (k must be 1).
+
+Defaults, so that a policy is asked what it was trained to answer: a run gives its task, prompt template,
+lengths and image sizes; a bare model takes them from the training preset (bapo_vl/presets) that trains that model
+on that task (countdown-tiny on countdown: `tiny`, compact prompts, 40 new tokens), else from Config. Prompt and
+response then have to fit the model's positions (max_position_embeddings): a default response length is cut to
+what the prompt bound leaves, and at least half the positions stay for the response (the prompt bound shrinks).
+
+With --run the record is checked for writability before anything is computed; a write that fails anyway leaves
+the results printed and says they were not recorded (exit status 1).
 """
 from __future__ import annotations
 
 import dataclasses
 import json
 import math
+import sqlite3
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import yaml
+
 from bapo_vl.backends.base import Backend
-from bapo_vl.config import Config
+from bapo_vl.config import FIELDS as CONFIG_FIELDS
+from bapo_vl.config import PRESET_DIR, Config, load_config
 from bapo_vl.plugins import Task, accepts, get_task
 from bapo_vl.problem import Problem, Verdict
-from bapo_vl.record import DB_NAME, RunRecord, query_ro
+from bapo_vl.record import DB_NAME, SCHEMA_VERSION, RunRecord, not_writable, query_ro, read_meta
 
-# Fields a run's config passes on to the evaluation of its policy (unless given).
+# Fields a run's (or preset's) config passes on to the evaluation of its policy (unless given).
 INHERITED = ("max_prompt_length", "max_response_length", "min_pixels", "max_pixels")
 VERDICTS = [v.value for v in Verdict]
 
@@ -49,7 +63,7 @@ class EvalOptions:
     source: str | None = None
     """passed to load(source=...) when given"""
     template: str | None = None
-    """passed to load(template=...) when given; default: the run's task_options.template when `model` is a run"""
+    """passed to load(template=...); default: the run's (or the model's preset's) task_options.template"""
     limit: int | None = None
     """first N problems of each set (also passed to load() when it takes `limit`)"""
     options: dict = field(default_factory=dict)
@@ -59,7 +73,7 @@ class EvalOptions:
     temperature: float = 1.0
     """sampling temperature; 0 = greedy (then k must be 1)"""
     max_new_tokens: int | None = None
-    """response length limit; default: the run's max_response_length, else Config's"""
+    """response length limit; default: the run's (or preset's) max_response_length, within the model's positions"""
     batch_size: int | None = None
     """sequences per generate call; default: Config.generate_batch_size"""
     device: str = "auto"
@@ -152,16 +166,66 @@ def _checkpoints(run_dir: Path) -> str:
     return f"checkpoints: {', '.join(map(str, steps))}" if steps else "the run has no checkpoints"
 
 
-def eval_config(opts: EvalOptions, model: str, run_config: dict) -> Config:
-    """The backend's config: one model copy, the run's lengths and image sizes unless given."""
-    fields = {k: run_config[k] for k in INHERITED if k in run_config}
+def preset_config(model: str, task: str) -> dict:
+    """The config of the training preset (bapo_vl/presets/<name>.yaml) that trains `model` on `task`, or {}: the
+    lengths and prompt template a bare model is evaluated with. Launch files of other trainers (verl_*.yaml: keys
+    that are no Config fields) are not training presets of this one."""
+    from bapo_vl.backends.embedded import resolve_model
+
+    wanted = _same_model(resolve_model(model))
+    for path in sorted(PRESET_DIR.glob("*.yaml")):
+        if not set(yaml.safe_load(path.read_text()) or {}) <= set(CONFIG_FIELDS):
+            continue
+        cfg = load_config(path.stem)
+        if cfg.task == task and _same_model(resolve_model(cfg.model)) == wanted:
+            return cfg.to_dict()
+    return {}
+
+
+def _same_model(name: str) -> str:
+    return str(Path(name).resolve()) if Path(name).exists() else name
+
+
+def model_positions(model: str) -> int | None:
+    """max_position_embeddings of `model` (its text model's, for a VL model), read from its config alone."""
+    from transformers import AutoConfig
+
+    from bapo_vl.backends.embedded import resolve_model
+
+    config = AutoConfig.from_pretrained(resolve_model(model))
+    return getattr(config.get_text_config(), "max_position_embeddings", None)
+
+
+def fit_lengths(prompt: int, response: int, positions: int | None, response_given: bool) -> tuple[int, int]:
+    """(max_prompt_length, max_response_length) with prompt + response <= positions: a default response length is
+    cut to what the prompt bound leaves but keeps at least half the positions (the prompt bound shrinks to make
+    room); a given one stays and the prompt bound shrinks.
+    >>> fit_lengths(64, 40, 256, False), fit_lengths(2048, 8192, 4096, False), fit_lengths(2048, 8192, 256, False)
+    ((64, 40), (2048, 2048), (128, 128))"""
+    if positions is None or prompt + response <= positions:
+        return prompt, response
+    if not response_given:
+        response = max(positions - prompt, positions // 2)
+    if response >= positions:
+        raise ValueError(f"--max-new-tokens {response} leaves no room for a prompt: the model reads at most "
+                         f"{positions} positions")
+    return min(prompt, positions - response), response
+
+
+def eval_config(opts: EvalOptions, model: str, defaults: dict) -> Config:
+    """The backend's config: one model copy; the lengths and image sizes of `defaults` (the run's or preset's
+    config) unless given, fitted to the model's positions."""
+    fields = {k: defaults[k] for k in INHERITED if k in defaults}
     fields.update(model=model, device=opts.device, seed=opts.seed, delay=1, kl_coef=0.0,
                   temperature=opts.temperature or 1.0)  # greedy decoding ignores the temperature
     if opts.max_new_tokens is not None:
         fields["max_response_length"] = opts.max_new_tokens
     if opts.batch_size is not None:
         fields["generate_batch_size"] = opts.batch_size
-    return Config(**fields)
+    cfg = Config(**fields)
+    prompt, response = fit_lengths(cfg.max_prompt_length, cfg.max_response_length, model_positions(model),
+                                   opts.max_new_tokens is not None)
+    return dataclasses.replace(cfg, max_prompt_length=prompt, max_response_length=response)
 
 
 def load_backend(cfg: Config, checkpoint: Path | None) -> Backend:
@@ -230,6 +294,20 @@ def evaluate(backend: Backend, task: Task, sets: dict[str, list[Problem]], k: in
 # ----------------------------------------------------------------------------- the run record
 
 
+def check_recordable(run_dir) -> None:
+    """Refuse --run RUN_DIR before anything is computed when the results could not be written there."""
+    if not (Path(run_dir) / DB_NAME).is_file():
+        raise FileNotFoundError(f"--run {run_dir}: no run record there ({Path(run_dir) / DB_NAME})")
+    version = int(read_meta(run_dir)["schema_version"])  # a damaged file raises UnreadableRecordError, naming it
+    if version > SCHEMA_VERSION:  # an older one is upgraded when written to
+        raise ValueError(f"--run {run_dir}: its record has schema version {version}, newer than this bapo-vl's "
+                         f"({SCHEMA_VERSION}): upgrade bapo-vl")
+    reason = not_writable(run_dir)
+    if reason:
+        raise ValueError(f"--run {run_dir}: the results cannot be recorded there ({reason}); drop --run, or "
+                         f"evaluate a writable copy of the run")
+
+
 def log_to_run(run_dir, task_name: str, result: dict, step: int | None = None) -> int:
     """Write each set's metrics (and the average) into the run's evals table as `<task>/<set>` and
     `<task>/average` at `step` (default: the run's last step). Returns the step used."""
@@ -260,10 +338,13 @@ def run_eval(opts: EvalOptions) -> dict:
     splits = opts.splits or task.eval_splits
     if not splits:
         raise ValueError(f"task {task.name} ({task.origin}) declares no EVAL_SPLITS: name the sets with --splits")
-    template = opts.template or (run_config.get("task_options") or {}).get("template")
+    if opts.run:
+        check_recordable(opts.run)
+    defaults = run_config or preset_config(opts.model, task.name)
+    template = opts.template or (defaults.get("task_options") or {}).get("template")
     options = {**opts.options, **{k: v for k, v in (("source", opts.source), ("template", template)) if v is not None}}
     sets = load_sets(task, splits, options, opts.limit)
-    cfg = eval_config(opts, model, run_config)
+    cfg = eval_config(opts, model, defaults)
     backend = load_backend(cfg, checkpoint_dir)
     per_set = evaluate(backend, task, sets, opts.k, quiet=opts.quiet, greedy=opts.temperature == 0,
                        per_call=max(1, cfg.generate_batch_size // opts.k))
@@ -274,12 +355,15 @@ def run_eval(opts: EvalOptions) -> dict:
         "options": options,
         "k": opts.k, "temperature": opts.temperature, "max_new_tokens": cfg.max_response_length,
         "seed": opts.seed, "sets": per_set, "average": average(per_set),
-        "run": None, "step": None, "seconds": None,
+        "run": None, "step": None, "not_recorded": None, "seconds": None,
     }
     if opts.run:
         same_run = run_dir is not None and Path(opts.run).resolve() == run_dir.resolve()
         step = opts.step if opts.step is not None else checkpoint if same_run else None
-        result["run"], result["step"] = str(opts.run), log_to_run(opts.run, task.name, result, step)
+        try:
+            result["run"], result["step"] = str(opts.run), log_to_run(opts.run, task.name, result, step)
+        except (sqlite3.Error, OSError, ValueError) as e:  # checked before, but a disk can fill or be remounted
+            result["run"], result["not_recorded"] = None, f"{opts.run}: {type(e).__name__}: {e}"
     result["seconds"] = time.perf_counter() - t0
     return result
 
@@ -295,6 +379,8 @@ def print_result(result: dict) -> None:
                  ["set", "problems", f"mean@{k}", f"pass@{k}", *VERDICTS], rows)
     if result["run"]:
         print(f"recorded in {result['run']} (evals table) at step {result['step']}")
+    if result["not_recorded"]:
+        print(f"NOT recorded: {result['not_recorded']}", file=sys.stderr)
 
 
 def cmd_eval(opts: EvalOptions, as_json: bool = False, out: str | None = None) -> int:
@@ -309,7 +395,9 @@ def cmd_eval(opts: EvalOptions, as_json: bool = False, out: str | None = None) -
         print_result(result)
         if out:
             print(f"results: {out}")
-    return 0
+    if result["not_recorded"] and as_json:
+        print(f"NOT recorded: {result['not_recorded']}", file=sys.stderr)
+    return 1 if result["not_recorded"] else 0
 
 
 FIELDS = {f.name for f in dataclasses.fields(EvalOptions)}

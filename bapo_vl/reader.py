@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bapo_vl.record import DB_NAME, FRESH, GENERATED, STEP_COLUMNS, connect_ro, sql_in
+from bapo_vl.record import DB_NAME, FRESH, GENERATED, STEP_COLUMNS, connect_ro, shown_status, sql_in
 
 # per-step numbers the trainer logs only inside the metrics JSON, which the per-step table also carries
 JSON_METRICS = ("c1", "rollouts_fresh", "rollouts_reevaluated", "trained_groups")
@@ -155,6 +155,51 @@ class Generated:
         out.loc[solved[hard] < 0, "first_solved"] = pd.NA
         return out.sort_values(["first_seen", "uid"], kind="stable").reset_index(drop=True)
 
+    def retries(self) -> np.ndarray:
+        """Per uid code, how many later steps the prompt was generated for again after the step it was first
+        generated for (a prompt generated twice at one step counts once)."""
+        step, code = self.cols["step"], self.cols["code"]
+        n = len(self.uids)
+        first_seen = np.full(n, np.iinfo(np.int64).max)
+        np.minimum.at(first_seen, code, step)
+        later = step > first_seen[code]
+        span = int(step.max()) + 1 if len(step) else 1
+        pairs = np.unique(code[later] * span + step[later])  # one key per (prompt, step)
+        return np.bincount(pairs // span, minlength=n)
+
+    def regenerated_pair(self) -> tuple[int, int, int] | None:
+        """(a, b, n): the pair of steps a < b with the most prompts generated for at a and next generated for at
+        b (e.g. a re-evaluation step and the step its prompts came from), None if no prompt was generated twice."""
+        step, code = self.cols["step"], self.cols["code"]
+        if not len(step):
+            return None
+        order = np.lexsort((step, code))  # by prompt, then step
+        c, s = code[order], step[order]
+        nxt = (c[1:] == c[:-1]) & (s[1:] > s[:-1])
+        if not nxt.any():
+            return None
+        span = int(s.max()) + 1
+        keys, counts = np.unique(s[:-1][nxt] * span + s[1:][nxt], return_counts=True)  # one key per (a, b)
+        best = int(np.argmax(counts))  # ties: the earliest pair
+        return int(keys[best] // span), int(keys[best] % span), int(counts[best])
+
+    def uids_in_bins(self, rows: np.ndarray, cols: np.ndarray | None, i: int, j: int | None) -> list[str]:
+        """The uids whose bin is i by `rows` (and j by `cols`, if given): the prompts behind a histogram bar or
+        a migration cell (rows, cols from `bins`)."""
+        mask = rows == i
+        if cols is not None:
+            mask &= cols == j
+        return [self.uids[k] for k in np.flatnonzero(mask)]
+
+
+def retry_counts(ledger: pd.DataFrame) -> tuple[int, int, float]:
+    """(hard prompts generated again later, how many of those reached >= 1/G, that fraction), from a ledger with
+    retries (Run.ledger_retries). Only a prompt tried again can be solved later: this fraction compares runs,
+    ledger_counts' does not (a run that never re-generates a prompt has 0 there by construction)."""
+    retried = ledger["retries"] > 0
+    n, k = int(retried.sum()), int((retried & ledger["first_solved"].notna()).sum())
+    return n, k, (k / n if n else 0.0)
+
 
 def ledger_counts(ledger: pd.DataFrame) -> tuple[int, int, float]:
     """(prompts 0/G when first generated for, how many of them later reached >= 1/G, that fraction)."""
@@ -205,11 +250,14 @@ def _step_table(records: list[dict]) -> pd.DataFrame:
 class Run:
     """One run directory, with what was read from it cached until the record changes. Thread-safe."""
 
-    def __init__(self, path, label: str | None = None):
+    def __init__(self, path, label: str | None = None, check: bool = True):
+        """check=False: a record that cannot be read (yet: empty, corrupt, old schema) fails when it is read, not
+        here (the dashboard says so in place and keeps showing the other runs)."""
         self.path = Path(path)
         if not (self.path / DB_NAME).is_file():
             raise FileNotFoundError(f"no run record at {self.path / DB_NAME}")
-        connect_ro(self.path).close()  # an old schema fails here, saying how to upgrade it
+        if check:
+            connect_ro(self.path).close()  # an old schema fails here, saying how to upgrade it
         self.label = label or self.path.name
         self._lock = threading.Lock()
         self._version = None
@@ -220,6 +268,9 @@ class Run:
         self._generated = Generated()
         self._generated_version = None
         self._ledger = None
+        self._metrics: tuple = (None, None)
+        self._derived: dict = {}  # what is computed from the generated groups, until they change
+        self._verdicts = None
 
     # --- change detection ---
 
@@ -251,6 +302,8 @@ class Run:
                              for s, t, m, b in rows]
             self._steps = _step_table(self._records)
             self._evals = pd.read_sql_query("SELECT step, name, metric, value FROM evals ORDER BY step", conn)
+            self._verdicts = pd.read_sql_query("SELECT step, verdict, SUM(count) AS count FROM verdicts "
+                                               "GROUP BY step, verdict ORDER BY step", conn)
             self._version = version
 
     def _cached(self, name):
@@ -277,6 +330,11 @@ class Run:
     def config(self) -> dict:
         return dict(self._cached("_config"))
 
+    def status(self) -> str:
+        """The status to show: the recorded one, but "stopped (killed?)" when no trainer holds a run recorded as
+        running (record.shown_status)."""
+        return shown_status(self.path, self.meta().get("status", "?"))
+
     def group_size(self) -> int:
         """G: the config's group size, else the largest G recorded."""
         g = self.config().get("group_size")
@@ -299,6 +357,7 @@ class Run:
             if version != self._generated_version:
                 self._generated.update(conn)
                 self._generated_version, self._ledger = version, None
+                self._derived = {}
 
     def ledger(self) -> pd.DataFrame:
         """The hard-problem ledger (see `Generated.ledger`), cached until the record changes."""
@@ -307,6 +366,42 @@ class Run:
             if self._ledger is None:
                 self._ledger = self._generated.ledger()
             return self._ledger
+
+    def ledger_retries(self) -> pd.DataFrame:
+        """The ledger with a `retries` column: how many later steps each hard prompt was generated for again."""
+        with self._lock:
+            self._update_generated()
+            if self._ledger is None:
+                self._ledger = self._generated.ledger()
+            ledger = self._ledger
+            if "ledger_retries" not in self._derived:
+                gen = self._generated
+                codes = np.array([gen.index[u] for u in ledger["uid"]], dtype=np.int64)
+                self._derived["ledger_retries"] = ledger.assign(retries=gen.retries()[codes] if len(codes) else 0)
+            return self._derived["ledger_retries"]
+
+    def regenerated_pair(self) -> tuple[int, int, int] | None:
+        """See Generated.regenerated_pair; cached until the record changes."""
+        with self._lock:
+            self._update_generated()
+            if "pair" not in self._derived:
+                self._derived["pair"] = self._generated.regenerated_pair()
+            return self._derived["pair"]
+
+    def metrics(self) -> pd.DataFrame:
+        """Every numeric per-step metric the trainer logged (step_records' keys, a backend's own included), one
+        column each, NaN where a step did not log it; steps in order."""
+        records = self.step_records()
+        with self._lock:
+            if self._metrics[0] is not records:
+                df = pd.DataFrame.from_records(records).drop(columns=["bins"], errors="ignore")
+                df = df.apply(pd.to_numeric, errors="coerce").dropna(axis=1, how="all")
+                self._metrics = (records, df)
+            return self._metrics[1]
+
+    def verdicts(self) -> pd.DataFrame:
+        """step, verdict, count: the verifier's verdicts over every response scored at each step."""
+        return self._cached("_verdicts")
 
     def accuracy_bins(self, step: int) -> list[int]:
         """Prompts generated for at `step` (GENERATED subsets, not x3) per accuracy bin 0/G..G/G."""

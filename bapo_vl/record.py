@@ -3,6 +3,8 @@
 Training writes it; the dashboard and `bapo runs show` read it *while* training runs. That is why the
 database is in WAL mode: readers open read-only connections (`file:...?mode=ro`) that see the last
 committed step and never block the writer, and the writer commits one short transaction per step.
+Reading never writes to the run directory (`connect_ro`): a record whose writer closed it (no -wal file) is opened
+`immutable`, which needs no -wal/-shm files, so it also reads from a read-only disk.
 This module is the format: schema, subset vocabulary, the writer (`RunRecord`), `upgrade` of old records and
 read-only access. What the readers compute from it (ledger, accuracy bins, migration, summary) is
 bapo_vl/reader.py, used by both `bapo runs show` and the dashboard.
@@ -523,20 +525,66 @@ def shown_status(run_dir, status: str) -> str:
 # ----------------------------------------------------------------------------- read-only access
 
 
+class UnreadableRecordError(ValueError):
+    """A run.db that cannot be read: not SQLite, damaged, no meta table, or its WAL is unreachable."""
+
+
+def wal_files(run_dir) -> tuple[Path, Path]:
+    """SQLite's -wal and -shm files beside run.db (present while a writer has it open, or after a crash)."""
+    path = Path(run_dir) / DB_NAME
+    return path.with_name(DB_NAME + "-wal"), path.with_name(DB_NAME + "-shm")
+
+
+def not_writable(run_dir) -> str | None:
+    """Why the record in run_dir cannot be written, or None: SQLite writes run.db and creates its -wal/-shm files
+    beside it. os.access also answers for a read-only mount or an immutable file, where root cannot write either."""
+    run_dir = Path(run_dir)
+    for path in (run_dir, run_dir / DB_NAME, *(p for p in wal_files(run_dir) if p.exists())):
+        if not os.access(path, os.W_OK):
+            return f"{path} is read-only"
+    return None
+
+
+def _ro_uri(run_dir) -> str:
+    """How to open run.db read-only writing nothing beside it. With no -wal file the writer closed the record and
+    everything is in run.db: `immutable=1` reads it without the -wal/-shm files that mode=ro would create (and could
+    not, on a read-only disk); a trainer that resumes the run meanwhile writes to a new WAL and leaves run.db as it
+    is until its first checkpoint. With a -wal file (a live writer, or a killed one) mode=ro reads the WAL through
+    the -shm index, as a live reader must."""
+    path = (Path(run_dir) / DB_NAME).resolve()
+    return path.as_uri() + ("?mode=ro" if wal_files(run_dir)[0].exists() else "?immutable=1")
+
+
+def _unreadable(run_dir, error: sqlite3.Error) -> UnreadableRecordError:
+    path = Path(run_dir) / DB_NAME
+    wal, shm = wal_files(run_dir)
+    if wal.exists() and not shm.exists() and not_writable(run_dir):
+        return UnreadableRecordError(f"{path}: its last steps are in {wal.name}, whose index {shm.name} is missing "
+                                     f"and cannot be created ({not_writable(run_dir)}): copy the run folder somewhere "
+                                     f"writable to read it")
+    return UnreadableRecordError(f"{path} is not a readable run record ({type(error).__name__}: {error})")
+
+
 def connect_ro(run_dir, check_version: bool = True) -> sqlite3.Connection:
-    """Read-only connection; in WAL mode it sees committed steps and never blocks the writer. A record of another
-    schema version raises RecordVersionError (saying how to upgrade it) unless check_version=False."""
+    """Read-only connection that writes nothing (see _ro_uri); in WAL mode it sees committed steps and never
+    blocks the writer. A file that is no readable record raises UnreadableRecordError naming it; a record of
+    another schema version raises RecordVersionError (saying how to upgrade it) unless check_version=False."""
     path = Path(run_dir) / DB_NAME
     if not path.exists():
         raise FileNotFoundError(f"no run record at {path}")
-    conn = sqlite3.connect(path.resolve().as_uri() + "?mode=ro", uri=True, timeout=30)
+    conn = sqlite3.connect(_ro_uri(run_dir), uri=True, timeout=30)
     conn.row_factory = sqlite3.Row
-    if check_version:
+    try:
         try:
-            _check_version(path, _schema_version(conn))
-        except BaseException:
-            conn.close()
-            raise
+            version = _schema_version(conn)
+        except (sqlite3.Error, TypeError, ValueError) as e:  # TypeError: no schema_version row
+            raise _unreadable(run_dir, e if isinstance(e, sqlite3.Error) else sqlite3.DatabaseError(
+                "no schema_version in its meta table")) from None
+        if check_version:
+            _check_version(path, version)
+    except BaseException:
+        conn.close()
+        raise
     return conn
 
 
@@ -564,7 +612,7 @@ def find_runs(root) -> list[Path]:
     def created(d):
         try:
             return read_meta(d).get("created_at", "")
-        except sqlite3.Error:  # half-written or foreign file: fall back to the file's age
+        except (sqlite3.Error, ValueError):  # damaged or foreign file: fall back to the file's age
             return datetime.fromtimestamp((d / DB_NAME).stat().st_mtime, timezone.utc).isoformat()
 
     return sorted(dirs, key=created, reverse=True)

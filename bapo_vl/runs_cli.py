@@ -1,17 +1,21 @@
 """`bapo runs list`, `bapo runs show` and `bapo runs upgrade`: read run records (bapo_vl.reader) and print them.
 
 Argument parsing lives in bapo_vl/cli.py; these functions take plain values and return an exit code.
-list and show only read (read-only SQLite connections), so they are safe to run while a run is training;
-upgrade rewrites an old record in place (bapo_vl.record.upgrade).
+list and show only read (read-only SQLite connections that write nothing, bapo_vl.record.connect_ro), so they are
+safe to run while a run is training and work on a read-only disk; a record that cannot be read is reported with its
+path (in the listing, on its own row, the others still listed). upgrade rewrites an old record in place
+(bapo_vl.record.upgrade).
 """
 from __future__ import annotations
 
 import json
+import sqlite3
 import sys
 from pathlib import Path
 
 from bapo_vl.reader import read_run
-from bapo_vl.record import DB_NAME, SCHEMA_VERSION, find_runs, query_ro, read_meta, shown_status, upgrade
+from bapo_vl.record import (DB_NAME, SCHEMA_VERSION, UnreadableRecordError, find_runs, query_ro, read_meta,
+                            shown_status, upgrade)
 
 # per-step columns shown by `runs show` (header, key, format)
 SHOW_COLUMNS = [
@@ -62,27 +66,50 @@ def _brief(run_dir: Path) -> list[str]:
             str(run_dir)]
 
 
+def _brief_or_error(run_dir: Path) -> tuple[list[str], str | None]:
+    """_brief's row, or a row saying why the record cannot be read (and that reason)."""
+    try:
+        return _brief(run_dir), None
+    except (sqlite3.Error, ValueError, OSError) as e:  # damaged, foreign, newer schema, unreadable file
+        reason = str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+        return [run_dir.name, "unreadable", "-", "-", "-", str(run_dir)], reason
+
+
 def cmd_runs_list(root: str = "runs") -> int:
-    """Print a table of the runs under `root`, newest first."""
+    """Print a table of the runs under `root`, newest first. A record that cannot be read gets its own row
+    ("unreadable") and a line on stderr saying why; the others are listed all the same (exit status 1)."""
     runs = find_runs(root) if Path(root).exists() else []
     if not runs:
         print(f"no runs under {root}/")
         return 0
+    rows = [_brief_or_error(d) for d in runs]
     _print_table(f"runs under {root}/", ["name", "status", "steps", "last fresh reward", "created (UTC)", "path"],
-                 [_brief(d) for d in runs])
-    return 0
+                 [row for row, _ in rows])
+    errors = [reason for _, reason in rows if reason]
+    for reason in errors:
+        print(f"unreadable: {reason}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 def resolve_run(run: str, root: str = "runs") -> Path | None:
-    """A run given as a directory path, a directory name under root, or a run name stored in meta."""
+    """A run given as a directory path, a directory name under root, or a run name stored in meta (a name that
+    several runs under root carry is refused, listing their paths)."""
     for d in (Path(run), Path(root) / run):
         if (d / DB_NAME).exists():
             return d
-    if Path(root).exists():
-        for d in find_runs(root):
+    if not Path(root).exists():
+        return None
+    named = []
+    for d in find_runs(root):
+        try:
             if read_meta(d).get("name") == run:
-                return d
-    return None
+                named.append(d)
+        except (sqlite3.Error, ValueError):  # an unreadable record is no match (bapo runs list reports it)
+            continue
+    if len(named) > 1:
+        raise ValueError(f"{len(named)} runs under {root}/ are named {run!r}: name one by its path "
+                         f"({', '.join(map(str, named))})")
+    return named[0] if named else None
 
 
 def _not_found(run: str, root: str) -> int:
@@ -108,7 +135,11 @@ def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
     run_dir = resolve_run(run, root)
     if run_dir is None:
         return _not_found(run, root)
-    rec = read_run(run_dir)
+    try:
+        rec = read_run(run_dir)
+    except sqlite3.DatabaseError as e:  # damaged past the pages connect_ro reads first
+        raise UnreadableRecordError(f"{run_dir / DB_NAME} is not a readable run record "
+                                    f"({type(e).__name__}: {e})") from None
     if as_json:
         print(json.dumps(rec, allow_nan=False))
         return 0

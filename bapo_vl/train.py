@@ -2,25 +2,35 @@
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
 import shutil
+import sqlite3
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import torch
 
-from bapo_vl.config import Config
+from bapo_vl.cli import one_line
+from bapo_vl.config import Config, ConfigError, as_override
 from bapo_vl.plugins import get_task
-from bapo_vl.record import FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir, make_sinks, query_ro
+from bapo_vl.record import (DB_NAME, FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir, make_sinks,
+                            query_ro)
 from bapo_vl.trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
+DISK_FULL = 1 << 20  # bytes: less room than this left after a failed write means the disk is full
 STATE = "state.pt"  # the trainer's part of a checkpoint folder (the backend writes its own files beside it)
 # What a resumed run may change; everything else must be as recorded, or it would not be the same run.
-RESUME_MAY_CHANGE = {"resume", "steps", "save_every", "log_samples", "report_to", "device", "run_dir"}
+RESUME_MAY_CHANGE = {"resume", "steps", "max_rollouts", "save_every", "log_samples", "report_to", "device", "run_dir"}
+
+
+class RunFailed(RuntimeError):
+    """Training stopped by an error after the run began; the message says what failed and where the run stands."""
 
 
 def make_backend(cfg: Config):
@@ -72,6 +82,14 @@ class Progress:
             self.bar.stop()
 
 
+def release_frames(error: BaseException) -> None:
+    """Drop the local variables of the frames an error (and the errors it arose from) passed through, so that
+    the files they held open are closed now, not when the error is."""
+    while error is not None:
+        traceback.clear_frames(error.__traceback__)
+        error = error.__context__
+
+
 def checkpoint_steps(run_dir: Path) -> list[int]:
     """Steps with a complete checkpoint folder (folders appear whole: see save_checkpoint), oldest first."""
     names = [p.name.removeprefix("step_") for p in (run_dir / "checkpoints").glob("step_*") if p.is_dir()]
@@ -85,13 +103,21 @@ def save_checkpoint(trainer: Trainer, run_dir: Path, step: int) -> Path:
     root = run_dir / "checkpoints"
     path, tmp = root / f"step_{step}", root / f".step_{step}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    trainer.backend.save_checkpoint(tmp, step)
-    torch.save(trainer.state_dict(), tmp / STATE)
-    for f in tmp.rglob("*"):
-        if f.is_file():
-            with open(f, "rb") as fh:
-                os.fsync(fh.fileno())
+    try:
+        tmp.mkdir(parents=True)
+        trainer.backend.save_checkpoint(tmp, step)
+        torch.save(trainer.state_dict(), tmp / STATE)
+        for f in tmp.rglob("*"):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+    except BaseException as e:
+        full = shutil.disk_usage(root).free < DISK_FULL  # torch reports a full disk as "unexpected pos ..."
+        release_frames(e)  # the failed writer's frames hold its files open: removed, they would free no room
+        shutil.rmtree(tmp, ignore_errors=True)  # on a full disk this frees the room the record needs to say "failed"
+        if full and isinstance(e, Exception):
+            raise OSError(errno.ENOSPC, "No space left on device", str(tmp)) from e
+        raise
     if path.exists():  # a step trained again after a resume from an earlier checkpoint
         shutil.rmtree(path)
     os.replace(tmp, path)
@@ -100,6 +126,9 @@ def save_checkpoint(trainer: Trainer, run_dir: Path, step: int) -> Path:
 
 def recorded_config(run_dir) -> dict:
     """The config a run was started with, as its record holds it."""
+    if not (Path(run_dir) / DB_NAME).is_file():
+        raise ConfigError(f"resume={run_dir}: no run record {Path(run_dir) / DB_NAME}; name the directory of a run "
+                          "(`bapo runs --root DIR` lists them)", "resume")
     rows = query_ro(run_dir, "SELECT json FROM config")
     if not rows:
         raise ValueError(f"{Path(run_dir) / 'run.db'} holds no config: not a training run")
@@ -159,6 +188,87 @@ def load_newest_checkpoint(trainer: Trainer, run_dir: Path) -> int:
                             + (f" (tried steps {', '.join(map(str, reversed(steps)))})" if steps else ""))
 
 
+def rollouts_spent(run_dir: Path) -> int:
+    """Responses generated (fresh and re-evaluation) by the steps in the record: the count max_rollouts budgets.
+    The record is its one ledger: on resume it holds exactly the steps up to the restored checkpoint."""
+    return query_ro(run_dir, "SELECT COALESCE(SUM(rollouts), 0) FROM steps")[0][0]
+
+
+def check_model(model: str) -> None:
+    """`model` names a model folder, a bundled policy, or a hub id that is cached or can be downloaded; if not, one
+    error naming it, before the task and the weights load (only its config.json is read here)."""
+    import huggingface_hub
+    from transformers import AutoConfig
+
+    from bapo_vl.backends.embedded import resolve_model
+
+    path = resolve_model(model)
+    try:
+        AutoConfig.from_pretrained(path)
+    except (OSError, ValueError) as e:
+        if Path(path).exists():
+            raise ConfigError(f"model={model}: {path} is not a model folder ({one_line(e)})", "model") from e
+        if model.startswith(("/", ".", "~")) or model.count("/") != 1:  # a path, not a hub id (owner/name)
+            raise ConfigError(f"model={model}: no such folder; give a model folder (config.json and weights), a "
+                              "bundled policy (countdown-tiny) or a hub id", "model") from e
+        why = ("HF_HUB_OFFLINE is set" if huggingface_hub.constants.HF_HUB_OFFLINE
+               else f"the hub did not provide it ({one_line(e).split('. ')[0]})")
+        raise ConfigError(f"model={model}: this hub model is not in the local cache and {why}; download it where "
+                          f"there is network (`huggingface-cli download {model} --local-dir DIR`) and pass "
+                          "model=/local/path", "model") from e
+
+
+def check_start(cfg: Config, load_model: bool) -> None:
+    """What can be checked before anything heavy loads (the task's data, the weights): the run directory, the
+    task folders, the device and (`load_model`: the embedded backend will load it) the model."""
+    run_dir = run_path(cfg)
+    if not cfg.resume and (run_dir / DB_NAME).exists():
+        raise ConfigError(f"name={cfg.name}: {run_dir} already holds a run; choose another name=, or continue it "
+                          f"with resume={run_dir}", "name")
+    for folder in cfg.tasks_dirs:
+        if not Path(folder).is_dir():
+            raise ConfigError(f"tasks_dirs: {folder} is not a folder (of task plugins); fix the path or drop it",
+                              "tasks_dirs")
+    if cfg.device == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda: torch sees no CUDA GPU here; use device=cpu or device=auto", "device")
+    if load_model:
+        check_model(cfg.model)
+
+
+def load_problems(cfg: Config):
+    """The task and its training problems; an option the task refuses names the task and task_options."""
+    task = get_task(cfg.task, cfg.tasks_dirs)
+    try:
+        return task, task.load(split="train", **cfg.task_options)
+    except (TypeError, ValueError, KeyError, FileNotFoundError) as e:
+        raise ConfigError(f"task={cfg.task} task_options={as_override(cfg.task_options)}: {one_line(e)}",
+                          "task_options") from e
+
+
+def close_run(record: RunRecord, lock, status: str) -> bool:
+    """Record the end status, then let go of the record and the lock, whatever fails. False: the status could not
+    be written (a full disk); `bapo runs` then shows the run as stopped, since its trainer is gone."""
+    try:
+        record.finish(status)
+        return True
+    except (sqlite3.Error, OSError) as e:
+        log.warning("could not mark the run %s: %s", status, one_line(e))
+        return False
+    finally:
+        try:
+            record.close()
+        finally:
+            lock.close()
+
+
+def failure_message(run_dir: Path, error: Exception, marked: bool) -> str:
+    steps = checkpoint_steps(run_dir)
+    where = (f"`bapo train resume={run_dir}` continues it from checkpoint step_{steps[-1]}" if steps
+             else "it has no checkpoint to resume from (save_every=N writes some)")
+    state = "is marked failed" if marked else "could not be marked failed (its record is not writable)"
+    return f"training failed: {type(error).__name__}: {one_line(error)}; {run_dir} {state}; {where}"
+
+
 def run_path(cfg: Config) -> Path:
     if cfg.resume:
         return Path(cfg.resume)
@@ -174,8 +284,8 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
     if cfg.resume:
         check_resumable(cfg, Path(cfg.resume))
     cfg = dataclasses.replace(cfg, name=cfg.name or run_path(cfg).name)  # one timestamp for the whole run
-    task = get_task(cfg.task, cfg.tasks_dirs)
-    problems = task.load(split="train", **cfg.task_options)
+    check_start(cfg, load_model=backend is None)
+    task, problems = load_problems(cfg)
     backend = backend or make_backend(cfg)
     trainer = Trainer(cfg, backend, task, problems)
     lock = lock_run_dir(run_path(cfg))  # held from here until the record is closed, released on every path
@@ -184,27 +294,34 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
     except BaseException:
         lock.close()
         raise
-    status = "failed"
+    status, failure = "failed", None
     try:
         progress = Progress(cfg.steps, start, quiet)
+        spent, last = rollouts_spent(run_dir), start
         try:
             for t in range(start + 1, cfg.steps + 1):
+                if 0 < cfg.max_rollouts <= spent:  # the budget is spent: stop after the step that reached it
+                    log.info("max_rollouts=%d reached: %d rollouts after step %d", cfg.max_rollouts, spent, last)
+                    break
                 result = trainer.step(t)
                 m = result.metrics
                 rows, samples = record_rows(result, cfg.log_samples)
                 record.log_step(t, {k: v for k, v in m.items() if k != "verdicts"}, groups=rows, samples=samples,
                                 verdicts=m["verdicts"])
                 progress.update(t, m)
+                spent, last = spent + m["rollouts"], t
                 if cfg.save_every and t % cfg.save_every == 0:
                     save_checkpoint(trainer, run_dir, t)
         finally:
             progress.close()
-        if start < cfg.steps:
-            save_checkpoint(trainer, run_dir, cfg.steps)
+        if last > start:
+            save_checkpoint(trainer, run_dir, last)
         backend.save_pretrained(run_dir / "final")
         status = "finished"
+    except Exception as e:  # noqa: BLE001 - reported as RunFailed once the record says so; Ctrl-C passes as it is
+        failure = e
     finally:
-        record.finish(status)
-        record.close()
-        lock.close()
+        marked = close_run(record, lock, status)
+    if failure is not None:
+        raise RunFailed(failure_message(run_dir, failure, marked)) from failure
     return run_dir

@@ -1,12 +1,14 @@
 """`bapo eval` end to end on CPU: the bundled countdown-tiny policy (a real trained model) on 20-problem slices of
 countdown's cd34 and cd4 sets, and a real 1-step run whose record receives the results. Nothing is mocked."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 
 from bapo_vl.cli import main
-from bapo_vl.evaluate import pass_at_k
+from bapo_vl.backends.embedded import POLICY_DIR
+from bapo_vl.evaluate import fit_lengths, pass_at_k
 from bapo_vl.record import query_ro, read_meta, read_run
 
 VERDICTS = ("correct", "wrong", "unparsable", "timeout")
@@ -92,3 +94,25 @@ def test_eval_errors_say_what_to_change(capsys, tmp_path):
     assert "k=1" in capsys.readouterr().err
     assert main(["eval", str(tmp_path), "--checkpoint", "3"]) == 2  # not a run directory
     assert "run directory" in capsys.readouterr().err
+
+
+def test_eval_defaults_come_from_the_preset_and_the_models_positions(tmp_path, capsys):
+    # Could fail if a bare model were asked with the task's default (chat) prompt and Config's 8,192 new tokens:
+    # the tiny policy has 256 positions and was trained on compact prompts (`bapo eval countdown-tiny --task
+    # countdown` ran for an hour) instead of with the preset that trains it (tiny: compact, 40 new tokens).
+    args = ["--task", "countdown", "--splits", "cd4", "--limit", "2", "--k", "1", "--json", "--quiet", "--device", "cpu"]
+    assert main(["eval", "countdown-tiny", *args]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["options"] == {"template": "compact"} and result["max_new_tokens"] == 40
+    # the same weights at another path: no preset trains them, so Config's lengths (2,048 + 8,192), fitted to the
+    # model's 256 positions; the task's default template unless one is given
+    copy = shutil.copytree(POLICY_DIR / "countdown-tiny", tmp_path / "tiny")
+    assert main(["eval", str(copy), *args, "--template", "compact"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["options"] == {"template": "compact"} and result["max_new_tokens"] == 128
+    assert main(["eval", str(copy), *args, "--template", "compact", "--max-new-tokens", "300"]) == 2
+    assert "300 leaves no room for a prompt" in capsys.readouterr().err
+    assert fit_lengths(64, 40, 256, False) == (64, 40)  # fits: as given
+    assert fit_lengths(2048, 8192, 4096, False) == (2048, 2048)  # the response gets what the prompt bound leaves
+    assert fit_lengths(2048, 8192, 256, False) == (128, 128)  # ... and at least half the positions
+    assert fit_lengths(2048, 200, 256, True) == (56, 200)  # a given length stays; the prompt bound shrinks

@@ -370,6 +370,25 @@ def copy_fixtures(tmp_path) -> Path:
     return tmp_path / "g3k"
 
 
+def test_relative_source_finds_the_images(tmp_path, monkeypatch):
+    """A relative `source` (Inter-GPS folders, a jsonl file): each image path is joined to its base once."""
+    copy_fixtures(tmp_path)
+    rows = [{**row, "image": f"img/{row['id']}.png"} for row, _ in fixture_rows()]
+    (tmp_path / "flat" / "img").mkdir(parents=True)
+    for row, png in fixture_rows():
+        (tmp_path / "flat" / "img" / f"{row['id']}.png").write_bytes(png)
+    (tmp_path / "flat" / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.chdir(tmp_path)
+    absolute = task.load(split="train", source=str(FIXTURES))
+    for source in ("g3k", "./g3k", "flat", "flat/train.jsonl"):
+        problems = task.load(split="train", source=source)
+        assert [p.uid for p in problems] == [p.uid for p in absolute], source
+        assert [p.images[0].tobytes() for p in problems] == [p.images[0].tobytes() for p in absolute], source
+    (tmp_path / "g3k" / "train" / "73" / "img_diagram.png").unlink()  # a really missing one is still named
+    with pytest.raises(ValueError, match=r"g3k/train/73/data\.json: image g3k/train/73/img_diagram\.png is missing"):
+        task.load(split="train", source="g3k")
+
+
 def edit_json(path, **changes):
     row = json.loads(path.read_text())
     for k, v in changes.items():

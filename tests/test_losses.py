@@ -501,7 +501,7 @@ def test_config_carries_every_loss_setting():
     assert Config().loss_config() == LossConfig()
     names = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "agg", "bac_reduce"}
     assert names <= {f.name for f in dataclasses.fields(Config)}
-    with pytest.raises(ValueError, match="unknown policy loss 'ppo'"):
+    with pytest.raises(ValueError, match="loss='ppo': choose one of ppo_clip"):
         load_config(overrides=["loss=ppo"])
     with pytest.raises(ValueError, match="bac_clip_low_range"):
         load_config(overrides=["loss=balanced_clip", "bac_clip_low_range=[0.9, 0.5]"])

@@ -48,7 +48,7 @@ from bapo_vl.verifiers.choice import verify as verify_choice
 
 NAME = "geometry3k"
 # letter-or-value verdicts over bapo_vl.verifiers.choice; bump when they can change
-VERSION = "geometry3k-1.1"  # 1.1: issue 12 (exact values, single nearest choice, hedged letters)
+VERSION = "geometry3k-1.2"  # 1.1: issue 12 (exact values, single nearest choice, hedged letters); 1.2: unit words only
 EVAL_SPLITS = ["test"]  # the 601 test problems the Inter-GPS paper and BAPO report on
 LETTERS = "ABCD"
 TEMPLATES = ("letter", "value")
@@ -207,7 +207,9 @@ def _intergps_rows(root: Path):
         try:
             row = json.loads(path.read_text())
             if isinstance(row, dict):
-                row = {**row, "id": row.get("id", folder.name), "image": str(folder / "img_diagram.png")}
+                # the image path is relative to the folder (the image base): a path with the folder in it
+                # would be joined twice when `source` is relative
+                row = {**row, "id": row.get("id", folder.name), "image": "img_diagram.png"}
                 if str(row["id"]) != folder.name:
                     raise ValueError(f"id {row['id']!r} differs from its folder name {folder.name!r}")
         except (ValueError, OSError) as e:

@@ -1,0 +1,273 @@
+"""Every bad input to `bapo train` fails at start with ONE line, `bapo: ...`, naming the key, file or run and what to
+do (exit code 2), and no traceback unless --debug; a failure during training (a full disk) ends in one line too (exit
+code 1) with the run marked failed and its earlier checkpoint intact. Issue 12, item 3.
+
+The CLI runs in-process (main(), output through capsys) on the bundled tiny policy, except the real full disk: a
+small tmpfs in a private mount namespace (`unshare`), skipped where that is not allowed."""
+import errno
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from bapo_vl.cli import main
+from bapo_vl.config import Config, ConfigError
+
+SMALL = ["batch_size=2", "group_size=2", "max_response_length=8", "delay=1"]  # a step in about a second
+
+# (key, value as typed after key=, what the message must say besides the key)
+BAD_VALUES = [
+    ("steps", "0", "must be >= 1"),
+    ("steps", "-5", "must be >= 1"),
+    ("top_p", "2", "must be > 0 and <= 1"),
+    ("temperature", "0", "must be > 0"),
+    ("device", "tpu", "choose one of auto, cpu, cuda"),
+    ("dtype", "fp16", "choose one of auto, float32, bfloat16"),
+    ("c2_range", "5", "a pair [low, high]"),
+    ("c2_range", "[0.5, 0.2]", "low <= high"),
+    ("task_options", "notadict", "must be a mapping"),
+    ("tasks_dirs", "/x", "e.g. tasks_dirs=[/x]"),  # a string would be iterated character by character
+    ("use_x2", "1", "true or false"),
+    ("report_to", "[tensorbord]", "choose from tensorboard, wandb"),
+]
+
+
+def refused(capsys, argv: list[str], code: int = 2) -> str:
+    """main(argv)'s one stderr line, after checking the exit code and that no traceback was printed."""
+    assert main(argv) == code
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("bapo: ") and "\n" not in err and "Traceback" not in err, err
+    return err
+
+
+def statuses(run_dir: Path) -> tuple[str, list[int]]:
+    db = sqlite3.connect(run_dir / "run.db")
+    try:
+        status = db.execute("SELECT value FROM meta WHERE key = 'status'").fetchone()[0]
+        return status, [s for (s,) in db.execute("SELECT step FROM steps ORDER BY step")]
+    finally:
+        db.close()
+
+
+# --- config values: the same check from key=value, a YAML file and Python ---------------------------------------
+
+
+@pytest.mark.parametrize("key, text, says", BAD_VALUES)
+def test_bad_value_on_the_command_line(tmp_path, capsys, key, text, says):
+    err = refused(capsys, ["train", f"run_dir={tmp_path / 'runs'}", f"{key}={text}"])
+    assert err.startswith(f"bapo: {key}=") and says in err
+    assert not (tmp_path / "runs").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("key, text, says", BAD_VALUES)
+def test_bad_value_in_a_yaml_file_names_the_file(tmp_path, capsys, key, text, says):
+    path = tmp_path / "my.yaml"
+    path.write_text(f"{key}: {text}\n")
+    # key=value after --config: argparse alone would refuse it as an unrecognised argument
+    err = refused(capsys, ["train", "--config", str(path), f"run_dir={tmp_path / 'runs'}"])
+    assert err.startswith(f"bapo: {path}: {key}=") and says in err
+
+
+@pytest.mark.parametrize("key, text, says", BAD_VALUES)
+def test_bad_value_from_python(key, text, says):
+    with pytest.raises(ConfigError, match=f"^{key}=") as e:
+        Config(**{key: yaml.safe_load(text)})
+    assert says in str(e.value) and e.value.key == key
+
+
+def test_malformed_yaml_names_the_file_and_line(tmp_path, capsys):
+    path = tmp_path / "bad.yaml"
+    path.write_text("steps: 5\nlr: [1e-6\n")
+    err = refused(capsys, ["train", "--config", str(path)])
+    assert err.startswith(f"bapo: {path}: not valid YAML at line")
+
+
+def test_a_yaml_list_is_not_a_config(tmp_path, capsys):
+    path = tmp_path / "list.yaml"
+    path.write_text("- steps: 5\n- lr: 1e-6\n")
+    assert refused(capsys, ["train", "--config", str(path)]) == (
+        f"bapo: {path}: a config file holds `key: value` lines, not a list")
+
+
+def test_unknown_key_in_a_yaml_file(tmp_path, capsys):
+    path = tmp_path / "typo.yaml"
+    path.write_text("step: 5\n")
+    err = refused(capsys, ["train", "--config", str(path)])
+    assert err.startswith(f"bapo: {path}: unknown config key 'step'; did you mean steps")  # no KeyError quotes
+
+
+# --- what is checked at start, before the task's data or the weights load -------------------------------------
+
+
+def test_missing_tasks_dir(tmp_path, capsys):
+    err = refused(capsys, ["train", f"run_dir={tmp_path}", f"tasks_dirs=[{tmp_path / 'nope'}]"])
+    assert err.startswith(f"bapo: tasks_dirs: {tmp_path / 'nope'} is not a folder")
+
+
+def test_missing_model_folder(tmp_path, capsys):
+    err = refused(capsys, ["train", f"run_dir={tmp_path}", "model=/nonexistent"])
+    assert err.startswith("bapo: model=/nonexistent: no such folder")
+
+
+@pytest.mark.parametrize("argv, model", [
+    (["model=Qwen/Qwen2.5-0.5B-Instruct"], "Qwen/Qwen2.5-0.5B-Instruct"),
+    (["--preset", "countdown"], "Qwen/Qwen2.5-Math-1.5B"),  # was a 56-line hub traceback
+])
+def test_uncached_hub_model_offline(tmp_path, capsys, monkeypatch, argv, model):
+    import huggingface_hub
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(model, "config.json"), str):
+        pytest.skip(f"{model} is in this machine's hub cache: it would load")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # as HF_HUB_OFFLINE=1 (conftest sets it)
+    err = refused(capsys, ["train", *argv, f"run_dir={tmp_path}"])
+    assert err.startswith(f"bapo: model={model}: ") and "HF_HUB_OFFLINE" in err and "model=/local/path" in err
+
+
+def test_task_options_the_task_refuses(tmp_path, capsys):
+    # the tiny preset's task_options.template=compact belongs to countdown, not to math
+    err = refused(capsys, ["train", f"run_dir={tmp_path}", "task=math"])
+    assert err.startswith("bapo: task=math task_options={template: compact}: unknown template 'compact'")
+
+
+def test_unknown_task(tmp_path, capsys):
+    assert refused(capsys, ["train", f"run_dir={tmp_path}", "task=nope"]).startswith("bapo: unknown task 'nope'")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has a GPU")
+def test_cuda_without_a_gpu(tmp_path, capsys):
+    assert refused(capsys, ["train", f"run_dir={tmp_path}", "device=cuda"]).startswith("bapo: device=cuda: ")
+
+
+def test_resume_of_a_folder_without_a_run(tmp_path, capsys):
+    err = refused(capsys, ["train", f"resume={tmp_path}"])
+    assert err.startswith(f"bapo: resume={tmp_path}: no run record {tmp_path / 'run.db'}")
+
+
+def test_debug_adds_the_traceback(tmp_path, capsys):
+    assert main(["train", "--debug", f"run_dir={tmp_path}", "steps=0"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1] == "bapo: steps=0: must be >= 1"
+
+
+@pytest.mark.parametrize("command", ["train", "runs", "tasks", "eval", "dashboard"])
+def test_every_subcommand_documents_debug(capsys, command):
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "--debug" in capsys.readouterr().out
+
+
+# --- an existing run: its name, its checkpoints ---------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def base_run(tmp_path_factory) -> Path:
+    """A finished 2-step run with a checkpoint after each step."""
+    root = tmp_path_factory.mktemp("runs")
+    assert main(["train", "--quiet", f"run_dir={root}", "name=base", "steps=2", "save_every=1", *SMALL]) == 0
+    return root / "base"
+
+
+@pytest.fixture
+def run_copy(base_run, tmp_path) -> Path:
+    return Path(shutil.copytree(base_run, tmp_path / "run"))
+
+
+def test_a_run_name_in_use(base_run, capsys):
+    err = refused(capsys, ["train", f"run_dir={base_run.parent}", "name=base", "steps=1", *SMALL])
+    assert err == (f"bapo: name=base: {base_run} already holds a run; choose another name=, or continue it with "
+                   f"resume={base_run}")
+    assert statuses(base_run) == ("finished", [1, 2])
+
+
+def test_empty_latest_and_garbage_checkpoint_are_skipped(run_copy, capsys, caplog):
+    # Could fail if a stray file or a folder that merely looks like a checkpoint stopped (or misled) the resume.
+    (run_copy / "checkpoints" / "latest").write_text("")
+    (run_copy / "checkpoints" / "step_7").mkdir()
+    (run_copy / "checkpoints" / "step_7" / "state.pt").write_bytes(b"garbage")
+    assert main(["train", "--quiet", f"resume={run_copy}"]) == 0  # from step 2, the last: nothing left to train
+    assert "step_7 does not load" in caplog.text and "step_2 does not load" not in caplog.text
+    assert statuses(run_copy) == ("finished", [1, 2])
+
+
+def test_truncated_state_falls_back_to_the_earlier_checkpoint(run_copy, caplog):
+    state = run_copy / "checkpoints" / "step_2" / "state.pt"
+    state.write_bytes(state.read_bytes()[: state.stat().st_size // 2])
+    assert main(["train", "--quiet", f"resume={run_copy}"]) == 0
+    assert "step_2 does not load" in caplog.text
+    assert statuses(run_copy) == ("finished", [1, 2])  # step 2 trained again from step 1's checkpoint
+    torch.load(state, weights_only=False)  # and its checkpoint written whole again
+
+
+def test_no_checkpoint_loads(run_copy, capsys):
+    for step in (1, 2):
+        (run_copy / "checkpoints" / f"step_{step}" / "state.pt").write_bytes(b"")
+    err = refused(capsys, ["train", "--quiet", f"resume={run_copy}"])
+    assert err == f"bapo: resume={run_copy}: no checkpoint in {run_copy / 'checkpoints'} loads (tried steps 2, 1)"
+    assert statuses(run_copy) == ("finished", [1, 2])  # the record is left as it was
+
+
+# --- a full disk while writing a checkpoint ---------------------------------------------------------------------
+
+
+def test_disk_full_during_a_checkpoint(tmp_path, capsys, monkeypatch):
+    # Each write to step 2's checkpoint fails as on a full disk (after writing part of the file). Could fail if the
+    # error surfaced as a traceback, the run stayed "running", or step 1's checkpoint or the partial one were lost.
+    real_save = torch.save
+
+    def save(obj, f, *args, **kwargs):
+        if ".step_2.partial" in str(f):
+            Path(f).write_bytes(b"\0" * 4096)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+        return real_save(obj, f, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "save", save)
+    err = refused(capsys, ["train", "--quiet", f"run_dir={tmp_path}", "name=full", "steps=2", "save_every=1",
+                           *SMALL], code=1)
+    run_dir = tmp_path / "full"
+    assert err.startswith("bapo: training failed: OSError: [Errno 28] No space left on device")
+    assert f"{run_dir} is marked failed; `bapo train resume={run_dir}` continues it from checkpoint step_1" in err
+    assert statuses(run_dir) == ("failed", [1, 2])
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_1"]  # no .partial left
+    torch.load(run_dir / "checkpoints" / "step_1" / "state.pt", weights_only=False)
+
+
+CHECK = """import json, pathlib, sqlite3, sys, torch
+d = pathlib.Path(sys.argv[1])
+status = sqlite3.connect(d / "run.db").execute("SELECT value FROM meta WHERE key = 'status'").fetchone()[0]
+checkpoints = sorted(p.name for p in (d / "checkpoints").iterdir())
+for name in checkpoints:
+    torch.load(d / "checkpoints" / name / "state.pt", weights_only=False)
+print(json.dumps({"status": status, "checkpoints": checkpoints}))"""
+
+
+def test_real_full_disk(base_run, tmp_path):
+    # A tmpfs with room for the record and about 1.5 checkpoints: a checkpoint write fills it. Could fail as it did:
+    # torch reports a full disk as a RuntimeError ("unexpected pos"), and the failed writer's open file kept the
+    # partial checkpoint's room (even after removal) so that the record could not say "failed".
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-rm", "true"]).returncode != 0:
+        pytest.skip("no private mount namespace here (unshare -rm)")
+    checkpoint = sum(f.stat().st_size for f in (base_run / "checkpoints" / "step_1").iterdir())
+    size_kb = ((base_run / "run.db").stat().st_size + checkpoint * 3 // 2) // 1024
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    script = ('mount -t tmpfs -o size="$1"k tmpfs "$2" || exit 99; "$3" -m bapo_vl.cli train --quiet run_dir="$2" '
+              f'name=full steps=2 save_every=1 {" ".join(SMALL)}; echo "rc=$?"; "$3" -c "$4" "$2/full"')
+    done = subprocess.run(["unshare", "-rm", "sh", "-c", script, "sh", str(size_kb), str(disk), sys.executable, CHECK],
+                          capture_output=True, text=True, timeout=300)
+    if done.returncode == 99:
+        pytest.skip(f"tmpfs cannot be mounted here: {done.stderr.strip()}")
+    err = done.stderr.strip()
+    assert "rc=1" in done.stdout and err.startswith("bapo: training failed: OSError: [Errno 28]"), done.stderr
+    assert "\n" not in err and ".partial" in err and "is marked failed" in err
+    left = json.loads(done.stdout.splitlines()[-1])  # every checkpoint left loads; no partial one is left
+    assert left["status"] == "failed" and left["checkpoints"]
+    assert all(c.startswith("step_") for c in left["checkpoints"])
+    assert err.endswith(f"continues it from checkpoint {left['checkpoints'][-1]} (--debug shows the traceback)")
