@@ -1,4 +1,7 @@
-"""Train the embedded default policy: a tiny Qwen2-architecture model that already solves some countdown problems.
+"""Train a countdown start policy: a byte-level Qwen2-architecture model that already solves some countdown problems.
+`--size countdown-tiny` (the default) is the embedded default policy (822k parameters, bapo_vl/policy/countdown-tiny);
+`--size countdown-13m` a 13.1 M-parameter one with more room for RL (issue 13), too large for the wheel: build it
+into a folder outside bapo_vl/ and pass that path as model=. Shape and recipe flags override the size's values.
 
 Supervised fine-tuning (seeded, reproducible for a given device) of a `bapo_vl.tiny.build_qwen2` model on
 problems made forward by `generate_problems` (tasks/countdown/task.py; no solver), in the compact format:
@@ -12,6 +15,9 @@ Saves model + tokenizer (save_pretrained, fp32 safetensors) to --out with TRAINI
 
     PYTHONPATH=. python scripts/train_default_policy.py --out runs/policy --steps 2000 --batch 512 \
         --eval-data /work/shared/data/countdown/tinyzero_test_1024_base.jsonl
+    PYTHONPATH=. python scripts/train_default_policy.py --size countdown-13m --out runs/policies/countdown-13m \
+        --exclude-file /work/shared/data/countdown/tinyzero_test_1024_base.jsonl \
+        --eval-data /work/shared/data/countdown/tinyzero_test_1024_base.jsonl --eval-every 1000   # one GPU
 """
 from __future__ import annotations
 
@@ -48,6 +54,18 @@ evalmod.ensure_source_packages()  # task.py imports bapo_vl.verifiers.* (mapped 
 task = _load_by_path("countdown_task_for_sft", ROOT / "tasks" / "countdown" / "task.py")
 
 CHUNK = 10_000
+# --size: shape and recipe. countdown-tiny is what the bundled policy was trained with (its TRAINING.md adds
+# --steps 800 --problems 1000000); countdown-13m is the shape of a 13 M byte-level Qwen2 that reached 61.5 % greedy
+# on the TinyZero test after 4 minutes of SFT on an H200 (8,177 steps of batch 1,024, lr 1e-3; a 128-byte vocabulary
+# and another prompt: this script's recipe is that one in this script's format, not a copy of that run).
+SIZES = {
+    "countdown-tiny": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384,
+                           steps=2000, batch=512, problems=200_000, lr=2e-3, warmup=100),
+    "countdown-13m": dict(hidden=384, layers=6, heads=6, kv_heads=2, intermediate=1536,
+                          steps=8000, batch=1024, problems=1_000_000, lr=1e-3, warmup=200),
+}
+PACKAGED = ROOT / "bapo_vl"  # everything under it goes into the wheel (package-data policy/*/*)
+MAX_PACKAGED_PARAMS = 2_000_000  # 8 MB of fp32: larger policies are built where the wheel does not look
 SEED_BASE = 1_000_000_000  # chunk seeds live far from the small seeds tasks use (countdown.load: 42 train, 43 test)
 
 
@@ -123,17 +141,20 @@ def lr_at(step: int, total: int, lr: float, warmup: int, min_ratio: float) -> fl
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
-    ap.add_argument("--steps", type=int, default=2000)
-    ap.add_argument("--batch", type=int, default=512)
-    ap.add_argument("--problems", type=int, default=200_000, help="training problems (cycled in epochs)")
-    ap.add_argument("--hidden", type=int, default=128)
-    ap.add_argument("--layers", type=int, default=4)
-    ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--kv-heads", type=int, default=2)
-    ap.add_argument("--intermediate", type=int, default=384)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--size", choices=list(SIZES), default="countdown-tiny",
+                    help="shape and recipe (the flags below override its values): " + "; ".join(
+                        f"{name}: {', '.join(f'{k}={v}' for k, v in d.items())}" for name, d in SIZES.items()))
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--problems", type=int, help="training problems (cycled in epochs)")
+    ap.add_argument("--hidden", type=int)
+    ap.add_argument("--layers", type=int)
+    ap.add_argument("--heads", type=int)
+    ap.add_argument("--kv-heads", type=int)
+    ap.add_argument("--intermediate", type=int)
+    ap.add_argument("--lr", type=float)
     ap.add_argument("--min-lr-ratio", type=float, default=0.0)
-    ap.add_argument("--warmup", type=int, default=100)
+    ap.add_argument("--warmup", type=int)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -152,6 +173,9 @@ def main(argv=None):
     ap.add_argument("--eval-every", type=int, default=0, help="greedy accuracy on 256 eval problems every N steps")
     ap.add_argument("--eval-samples", type=int, default=8)
     args = ap.parse_args(argv)
+    for key, value in SIZES[args.size].items():  # what the command line leaves unset comes from --size
+        if getattr(args, key) is None:
+            setattr(args, key, value)
 
     from bapo_vl.tiny import build_qwen2
 
@@ -160,6 +184,14 @@ def main(argv=None):
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
     bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
+
+    if not args.data_only:  # built first (it seeds torch itself), so an --out inside the wheel fails at once
+        model, tok = build_qwen2(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
+                                 intermediate=args.intermediate, seed=args.seed, max_position_embeddings=256)
+        n_params = sum(p.numel() for p in model.parameters())
+        if n_params > MAX_PACKAGED_PARAMS and Path(args.out).resolve().is_relative_to(PACKAGED):
+            raise SystemExit(f"--out {args.out} is inside {PACKAGED}, which the wheel packages, and this model has "
+                             f"{n_params:,} parameters: build it outside (e.g. --out runs/policies/{args.size})")
 
     exclude = exclusion_set(args.exclude_generated, args.exclude_file)
     tag = hashlib.sha1(json.dumps(sorted(exclude)).encode()).hexdigest()[:10]
@@ -176,10 +208,7 @@ def main(argv=None):
     if args.data_only:
         print(f"{len(problems)} problems in {time.time() - t_start:.1f}s", flush=True)
         return None
-    model, tok = build_qwen2(hidden=args.hidden, layers=args.layers, heads=args.heads, kv_heads=args.kv_heads,
-                             intermediate=args.intermediate, seed=args.seed, max_position_embeddings=256)
     ids, labels = encode(problems, tok)
-    n_params = sum(p.numel() for p in model.parameters())
     print(f"problems {len(problems)} (made in {time.time() - t_start:.1f}s), width {ids.shape[1]}, "
           f"params {n_params:,}, device {device}, bf16 {bf16}", flush=True)
     ids, labels = ids.to(device), labels.to(device)
@@ -250,7 +279,8 @@ def main(argv=None):
         argv if argv is not None else sys.argv[1:]))
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     meta = {
-        "command": command, "seed": args.seed, "steps": args.steps, "batch": args.batch,
+        "command": command, "size": args.size, "name": out.name, "seed": args.seed, "steps": args.steps,
+        "batch": args.batch,
         "problems": len(problems), "excluded": {"generated": args.exclude_generated, "files": args.exclude_file,
                                                  "problems": len(exclude)},
         "epochs": round(args.steps * args.batch / len(problems), 2),
@@ -271,9 +301,9 @@ def main(argv=None):
 def training_md(m: dict, size: int) -> str:
     s = m["shape"]
     lines = [
-        "# countdown-tiny: the embedded default policy",
+        f"# {m['name']}: a countdown policy (--size {m['size']})",
         "",
-        "A tiny Qwen2-architecture causal LM (byte-level tokenizer with Qwen special tokens, `bapo_vl.tiny`) "
+        "A small Qwen2-architecture causal LM (byte-level tokenizer with Qwen special tokens, `bapo_vl.tiny`) "
         "fine-tuned (SFT) on countdown problems made forward by `tasks/countdown/task.py:generate_problems` "
         "(no solver). Prompt: the user message `\"44 19 35 -> 98\"` (chat-rendered `44 19 35 -> 98\\n`); "
         "response `<answer>(44+19)+35</answer><|im_end|>`. It solves some problems, not most: room for RL.",

@@ -1,0 +1,141 @@
+"""The study of issue 13 on CPU: the hard-set metric against a hand-computed case, the max_rollouts stop (and its
+resume, which the study's checkpoints rely on), and a tiny grid (2 algorithms x 2 seeds, the bundled policy) that
+must write its table and plots with every run stopped at the same rollout budget. Nothing is mocked."""
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+import torch
+
+from bapo_vl.cli import main as bapo
+from bapo_vl.config import Config, load_config
+from bapo_vl.study import KNOBS, StudyOptions, coarse, hard_set, main, migration, unlocked, within_noise
+
+SMALL = ["batch_size=4", "group_size=4", "task_options={template: compact, limit: 64}"]  # 64 training prompts
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The tiny policy gains nothing from a second thread, and on a busy 2-core machine spinning threads are several
+    times slower (measured: 113 s -> 26 s for a one-run study)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def steps_rollouts(run_dir: Path) -> list[int]:
+    return [m["rollouts"] for m in step_metrics(run_dir)]
+
+
+def step_metrics(run_dir: Path) -> list[dict]:
+    """Each step's metrics but its timings (what must match between two runs of one seed)."""
+    db = sqlite3.connect(run_dir / "run.db")
+    try:
+        rows = [json.loads(m) for (m,) in db.execute("SELECT metrics FROM steps ORDER BY step")]
+    finally:
+        db.close()
+    return [{k: v for k, v in m.items() if not k.startswith("t_")} for m in rows]
+
+
+def test_hard_set_unlocked_and_migration_by_hand():
+    # k = 4. Start: a 0/4, b 0/4, c 2/4, d 4/4, e 0/4 -> hard set {a, b, e}. End: a 1/4, b 0/4, c 3/4, d 4/4, e 4/4
+    # -> a and e are solved at least once, b is not: unlocked = 2/3. c and d were never hard and do not count.
+    start = {"a": 0, "b": 0, "c": 2, "d": 4, "e": 0}
+    end = {"a": 1, "b": 0, "c": 3, "d": 4, "e": 4}
+    hard = hard_set(start)
+    assert hard == ["a", "b", "e"]
+    assert unlocked(hard, end) == pytest.approx(2 / 3)
+    assert unlocked(hard, start) == 0.0  # the start policy with the same samples unlocks nothing, by definition
+    assert unlocked([], end) == 0.0
+    m = migration(start, end, k=4)  # m[start bin][end bin]
+    expected = [[0] * 5 for _ in range(5)]
+    expected[0][0] = 1  # b
+    expected[0][1] = 1  # a
+    expected[0][4] = 1  # e
+    expected[2][3] = 1  # c
+    expected[4][4] = 1  # d
+    assert m == expected
+    labels, c = coarse(m)  # bins 0 | 1 | 2..3 | 4 for k = 4
+    assert labels == ["0/k", "<1/2", ">=1/2", "k/k"]
+    assert c == [[1, 1, 0, 1], [0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
+    with pytest.raises(ValueError, match="'e' was not evaluated"):  # a hard prompt missing from a later evaluation
+        unlocked(hard, {"a": 1, "b": 0})
+
+
+def test_within_noise_rule():
+    # means 0.2 vs 0.3, sd 0.1 each, 3 seeds: 2 SE of the difference = 2 * sqrt(2 * 0.01 / 3) = 0.163 > 0.1
+    assert within_noise([0.1, 0.2, 0.3], [0.2, 0.3, 0.4]) is True
+    assert within_noise([0.10, 0.11, 0.12], [0.30, 0.31, 0.32]) is False  # 0.2 apart, sd 0.01: not noise
+    assert within_noise([0.1], [0.3, 0.4]) is None  # one seed: no noise estimate, no call
+
+
+def test_knob_entries_each_change_one_of_bapos_defaults():
+    # Could fail if BAPO's defaults moved (then "bapo" would no longer be v=5, m=5, range, age 3 in the study) or a
+    # knob entry changed more than its knob.
+    cfg = Config()
+    assert (cfg.delay, cfg.reeval_every, cfg.online_filter, cfg.high_max_age) == (5, 5, "range", 3)
+    bapo_cfg = load_config(None, None, ["algo=bapo"]).to_dict()
+    for name, overrides in KNOBS.items():
+        changed = {k for k, v in load_config(None, None, overrides).to_dict().items() if bapo_cfg[k] != v}
+        assert len(changed) == 1, (name, changed)
+
+
+def test_study_options_refuse_what_the_study_sets():
+    with pytest.raises(ValueError, match="seed=3"):
+        StudyOptions(overrides=["seed=3"])
+    with pytest.raises(ValueError, match="unknown grid entries"):
+        StudyOptions(algos=["bapo", "ppo"])
+
+
+def test_max_rollouts_stops_after_the_step_that_reaches_it_and_resumes_to_the_same_run(tmp_path):
+    # BAPO with re-evaluations every 2 steps: steps generate 16 or more rollouts. Could fail if the stop came a step
+    # early or late, if re-evaluation rollouts were not counted, or if a budget raised on resume did not continue
+    # the same run (the study evaluates its checkpoints that way).
+    args = [*SMALL, "algo=bapo", "reeval_every=2", "c1=0.25", "steps=40", "seed=3"]
+    assert bapo(["train", "--quiet", f"run_dir={tmp_path}", "name=whole", *args, "max_rollouts=70"]) == 0
+    whole = steps_rollouts(tmp_path / "whole")
+    assert sum(whole[:-1]) < 70 <= sum(whole)  # stopped after the first step that reached the budget
+    assert any(r > 16 for r in whole)  # re-evaluations were counted
+    assert sorted(p.name for p in (tmp_path / "whole" / "checkpoints").iterdir()) == [f"step_{len(whole)}"]
+
+    assert bapo(["train", "--quiet", f"run_dir={tmp_path}", "name=split", *args, "max_rollouts=30"]) == 0
+    first = steps_rollouts(tmp_path / "split")
+    assert sum(first[:-1]) < 30 <= sum(first) and len(first) < len(whole)
+    assert bapo(["train", "--quiet", f"resume={tmp_path / 'split'}", "max_rollouts=30"]) == 0  # already spent
+    assert steps_rollouts(tmp_path / "split") == first
+    assert bapo(["train", "--quiet", f"resume={tmp_path / 'split'}", "max_rollouts=70"]) == 0
+    assert step_metrics(tmp_path / "split") == step_metrics(tmp_path / "whole")  # rewards, losses, X1/X2/X3 sizes
+
+
+def test_small_study_writes_table_and_plots_at_one_budget(tmp_path, capsys):
+    # Could fail if a run did not stop at the budget (too early, or a step too late), if an entry were missing from
+    # the table, if the plots were not written, or if running the same command again trained anything again.
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    argv = ["--algos", "grpo,bapo", "--seeds", "0,1", "--budget", "40", "--checkpoints", "2", "--k", "4",
+            "--limit", "8", "--runs", str(runs), "--out", str(out), *SMALL]
+    assert main(argv) == 0
+    assert "grpo seed 1: " in capsys.readouterr().err
+    table = (out / "results.md").read_text()
+    for word in ("| grpo |", "| bapo |", "| start policy |", "hard set unlocked", "mean@4", "pass@4",
+                 "Against grpo", "python scripts/study.py --algos grpo,bapo"):
+        assert word in table, word
+    for png in ("accuracy.png", "unlocked.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", png
+    result = json.loads((out / "results.json").read_text())
+    assert {(r["entry"], r["seed"], r["budget"]) for r in result["runs"]} == {
+        (e, s, b) for e in ("grpo", "bapo") for s in (0, 1) for b in (20, 40)}
+    for entry in ("grpo", "bapo"):
+        for seed in (0, 1):
+            run_dir = runs / f"{entry}-s{seed}"
+            spent = steps_rollouts(run_dir)
+            assert sum(spent[:-1]) < 40 <= sum(spent), (entry, seed, spent)  # the same budget, the same rule
+            final = [r for r in result["runs"] if (r["entry"], r["seed"], r["budget"]) == (entry, seed, 40)][0]
+            assert final["rollouts"] == sum(spent) and final["step"] == len(spent)
+            recorded = json.loads(sqlite3.connect(run_dir / "run.db").execute("SELECT json FROM config").fetchone()[0])
+            assert recorded["algo"] == entry and recorded["seed"] == seed
+    ledger = (runs / "study.jsonl").read_text()
+    assert main(argv) == 0  # everything is in the ledger: nothing is trained or evaluated again
+    assert (runs / "study.jsonl").read_text() == ledger
+    assert "rollouts at step" not in capsys.readouterr().err
