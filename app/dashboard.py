@@ -1,50 +1,78 @@
 """`bapo dashboard RUN_DIR...`: a Gradio web dashboard over run records, live while a run is training.
 
-Layout: one Blocks page, a run picker on top and six tabs (Overview, Batch composition, Hard-problem ledger,
-Accuracy bins & migration, Prompt drill-down, Compare runs). A gr.Timer polls the record: each tick compares a
-cheap version key of the run(s) shown (read-only connection, no lock the trainer waits on) with the one already
-on screen, and only when it changed re-renders the tab in view. The runs are fixed when the app is built (from
-the command line); the browser only picks among their labels.
+Layout: one Blocks page, a run picker and the smoothing on top and seven tabs (Overview, Training health, Batch
+composition, Hard-problem ledger, Accuracy bins & migration, Prompt drill-down, Compare runs). A gr.Timer polls the
+record: each tick compares a cheap version key of the run(s) shown (read-only connection, no lock the trainer
+waits on) with the one already on screen, and only when it changed re-renders the tab in view. The runs are fixed
+when the app is built (from the command line); the browser only picks among their labels. A run whose record
+cannot be read (empty, corrupt, old schema) is said so once, in place of what its tab would show.
 
 Every plot is a Vega-Lite chart built by app/views.py (see `vega` for why not gr.LinePlot). Tab renderers take
 the controls' values and return the tab's component values; the wiring is at the bottom of `build`.
+Click-through: a click on a bar of the batch or histogram charts (read by CLICK_JS from the segment's
+description), on a migration cell or on a ledger row opens the prompts behind it in the drill-down.
 """
 from __future__ import annotations
 
 import io
 import json
 import os
+import sqlite3
+import tempfile
 import threading
 import time
+from pathlib import Path
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
 import gradio as gr  # noqa: E402
 import pandas as pd  # noqa: E402
 from gradio.components.plot import AltairPlotData  # noqa: E402
+from starlette.middleware import Middleware  # noqa: E402
 
 from bapo_vl.app import data, views  # noqa: E402
 from bapo_vl.reader import Run  # noqa: E402
-from bapo_vl.record import X2  # noqa: E402
+from bapo_vl.record import DB_NAME, FRESH, X2, RecordVersionError  # noqa: E402
 
 POLL_SECONDS = 3.0
 LEDGER_ROWS = 200  # rows of the ledger table shown (the counts and curve cover all)
 SEARCH_RESULTS = 50
+DRILL_RESULTS = 200  # prompts listed by a click-through
 PLOT_HEIGHT = 260
 SPEC_HEIGHT = 190  # the plot area of the hand-written Vega-Lite charts (their PLOT_HEIGHT less title and legend)
+LOGIN_FAILURES, LOGIN_WINDOW_S = 5, 300  # at most this many wrong passwords per client per window
 
 # choice labels: the code branches on these very constants
-TAB_OVERVIEW, TAB_BATCH, TAB_LEDGER, TAB_BINS, TAB_PROMPT, TAB_COMPARE = (
-    "overview", "batch", "ledger", "bins", "prompt", "compare")
-TAB_TITLES = {TAB_OVERVIEW: "Overview", TAB_BATCH: "Batch composition", TAB_LEDGER: "Hard-problem ledger",
-              TAB_BINS: "Accuracy bins & migration", TAB_PROMPT: "Prompt drill-down", TAB_COMPARE: "Compare runs"}
+TAB_OVERVIEW, TAB_HEALTH, TAB_BATCH, TAB_LEDGER, TAB_BINS, TAB_PROMPT, TAB_COMPARE = (
+    "overview", "health", "batch", "ledger", "bins", "prompt", "compare")
+TAB_TITLES = {TAB_OVERVIEW: "Overview", TAB_HEALTH: "Training health", TAB_BATCH: "Batch composition",
+              TAB_LEDGER: "Hard-problem ledger", TAB_BINS: "Accuracy bins & migration",
+              TAB_PROMPT: "Prompt drill-down", TAB_COMPARE: "Compare runs"}
 MODE_AT = "generated at exactly step A and step B"
 MODE_WINDOW = "latest result up to step A → latest result in (A, B]"
 BIN_MODES = (MODE_WINDOW, MODE_AT)
+# charts whose bars open their prompts when clicked (their segments carry a key in their description)
+DRILL_CHARTS = ("batch-composition", "batch-bins", "bins-hist-a", "bins-hist-b")
 CSS = """
 .gradio-container {max-width: 1400px !important}
 .summary p {margin: 2px 0}
+.drill-hidden {display: none !important}
+#prompt-text pre {white-space: pre-wrap; padding: 8px; border: 1px solid var(--border-color-primary);
+                  border-radius: 4px; max-height: 360px; overflow: auto}
 """
+# a click on a bar of a DRILL_CHARTS chart: its key ("chart|description") goes through the hidden button's event
+CLICK_JS = """
+() => {
+  const charts = %s;
+  document.addEventListener('click', (e) => {
+    const mark = e.target.closest ? e.target.closest('[aria-label]') : null;
+    const chart = e.target.closest ? e.target.closest(charts.map(c => '#' + c).join(',')) : null;
+    if (!mark || !chart || !chart.contains(mark) || mark.getAttribute('role') !== 'graphics-symbol') return;
+    window.__bapoDrill = chart.id + '|' + mark.getAttribute('aria-label');
+    document.querySelector('#drill-go').click();
+  }, true);
+}
+""" % json.dumps(list(DRILL_CHARTS))
 
 
 def _run(runs: dict[str, Run], label: str) -> Run:
@@ -64,17 +92,67 @@ def vega(spec: dict) -> AltairPlotData:
     return AltairPlotData(plot=json.dumps(spec), chart="scatter")
 
 
+UNREADABLE = (sqlite3.DatabaseError, RecordVersionError, OSError, ValueError)
+
+
+def unreadable(run: Run, e: Exception) -> str:
+    """One line saying why `run`'s record cannot be read (record.UnreadableRecordError, RecordVersionError, ...),
+    without the server's paths."""
+    text = str(e).replace(str(run.path / DB_NAME), "run.db").replace(str(run.path), run.label)
+    if "no such table" in text:  # an empty file (a trainer that has just created it) or a foreign SQLite file
+        text = "run.db holds no run record (yet): it is empty or was not written by bapo-vl"
+    elif not text.startswith("run.db"):
+        text = f"run.db cannot be read ({type(e).__name__}: {text})"
+    return f"{run.label}: {text}"
+
+
+def blank(component, message: str):
+    """What `component` shows while its run cannot be read: the message in text, nothing in plots and tables."""
+    if isinstance(component, (gr.Markdown, gr.HTML)):
+        return f"<span class='unreadable'>{message}</span>"
+    if isinstance(component, gr.Plot):
+        return None
+    if isinstance(component, gr.Dataframe):
+        return pd.DataFrame()
+    if isinstance(component, gr.Dropdown):
+        return gr.Dropdown(choices=[], value=None)
+    if isinstance(component, gr.Image):
+        return gr.Image(value=None, visible=False)
+    return gr.skip()
+
+
 # ----------------------------------------------------------------------------- tab renderers (pure of Gradio events)
 
 
-def render_overview(run: Run, window: int) -> list:
+def render_overview(run: Run, weight: float) -> list:
     steps, evals = run.steps(), run.evals()
-    return [views.overview_text(run.label, run.meta(), run.config(), steps, evals),
-            vega(views.line_spec(views.reward_frame(steps, evals, window), "step", "reward", "series",
+    return [views.overview_text(run.label, {**run.meta(), "status": run.status()}, run.config(), steps, evals),
+            vega(views.line_spec(views.reward_frame(steps, evals, weight), "step", "reward", "series",
                                  "Reward (train and eval)", SPEC_HEIGHT)),
             vega(views.line_spec(views.rollouts_frame(steps), "step", "rollouts", "kind",
                                  "Rollouts generated (cumulative)", SPEC_HEIGHT, zero=True)),
             vega(views.time_spec(steps, SPEC_HEIGHT))]
+
+
+def render_health(run: Run, weight: float, other: str | None) -> list:
+    metrics, steps = run.metrics(), run.steps()
+    verdicts = run.verdicts()
+    eta = views.eta(steps, run.config().get("steps"), run.status())
+    text = " · ".join(t for t in (eta or f"status {run.status()}: no ETA", views.verdict_text(verdicts)) if t)
+    charts = [vega(views.line_spec(views.smoothed(df, "value", "series", weight), "step", "value", "series", title,
+                                   SPEC_HEIGHT, y_title="value")) for title, df in views.health_frames(metrics)]
+    return [text, *charts, vega(views.verdict_spec(verdicts, SPEC_HEIGHT)), *render_other(run, weight, other)]
+
+
+def render_other(run: Run, weight: float, other: str | None) -> list:
+    """The Training-health picker of every other recorded metric, and its chart."""
+    metrics = run.metrics()
+    choices = views.other_metrics(metrics)
+    other = other if other in choices else (choices[0] if choices else None)
+    df = views.long(metrics, "step", {other: other} if other else {}, "value", "series")
+    return [gr.Dropdown(choices=choices, value=other),
+            vega(views.line_spec(views.smoothed(df, "value", "series", weight), "step", "value", "series",
+                                 other or "no other metric recorded", SPEC_HEIGHT, y_title=other or "value"))]
 
 
 def render_batch(run: Run) -> list:
@@ -89,7 +167,7 @@ def render_batch(run: Run) -> list:
 
 
 def render_ledger(run: Run, which: str) -> list:
-    ledger, steps = run.ledger(), run.steps()
+    ledger, steps = run.ledger_retries(), run.steps()
     G = run.group_size()
     table, total = views.ledger_table(ledger, which, LEDGER_ROWS)
     table["text"] = table["uid"].map(data.texts(run, list(table["uid"]))).fillna("")
@@ -106,13 +184,31 @@ def _step_range(steps: pd.DataFrame) -> tuple[int, int]:
     return lo, max(hi, lo + 1)
 
 
-def render_bins(run: Run, mode: str, step_a, step_b) -> list:
-    steps = run.steps()
-    G = run.group_size()
-    lo, hi = _step_range(steps)
+def bin_steps(run: Run, step_a, step_b) -> tuple[int, int, bool, bool]:
+    """(A, B, A was valid, B was valid): the steps the bins tab compares. Unset or out of range, they default to
+    the pair of steps that share the most prompts (a prompt generated at A and next at B, e.g. a re-evaluation
+    step and the step its prompts came from), else the middle and the last step."""
+    lo, hi = _step_range(run.steps())
     valid_a, valid_b = bool(step_a) and lo <= step_a <= hi, bool(step_b) and lo <= step_b <= hi
-    a = int(step_a) if valid_a else (lo + hi) // 2
-    b = int(step_b) if valid_b else hi
+    pair = None if valid_a and valid_b else run.regenerated_pair()
+    a0, b0 = pair[:2] if pair else ((lo + hi) // 2, hi)
+    return (int(step_a) if valid_a else a0), (int(step_b) if valid_b else b0), valid_a, valid_b
+
+
+def bins_of(run: Run, mode: str, a: int, b: int):
+    """Per uid code: (bin at A, bin at B, row bin, column bin) as Run.migration draws them (-1: not there)."""
+    gen, G = run.generated(), run.group_size()
+    if mode == MODE_WINDOW:
+        ba, bb = gen.bins(None, a, G), gen.bins(None, b, G)
+        return ba, bb, ba, gen.bins(a, b, G)
+    ba, bb = gen.bins(a - 1, a, G), gen.bins(b - 1, b, G)
+    return ba, bb, ba, bb
+
+
+def render_bins(run: Run, mode: str, step_a, step_b, cells: str) -> list:
+    G = run.group_size()
+    lo, hi = _step_range(run.steps())
+    a, b, valid_a, valid_b = bin_steps(run, step_a, step_b)
     hist_a, hist_b, m = run.migration(a, b, window=mode == MODE_WINDOW)
     if mode == MODE_AT:
         what_a, what_b = f"prompts generated for at step {a}", f"prompts generated for at step {b}"
@@ -125,14 +221,18 @@ def render_bins(run: Run, mode: str, step_a, step_b) -> list:
     down = sum(m[i][j] for i in range(len(m)) for j in range(len(m)) if j < i) if m else 0
     text = (f"Histogram A: {what_a} ({sum(hist_a)}) · histogram B: {what_b} ({sum(hist_b)})\n\n"
             f"Migration matrix (rows: bin at A, columns: bin at B): <b id='matrix-total'>{total}</b> prompts {rows}; "
-            f"{up} moved up, {down} moved down, {total - up - down} stayed.")
+            f"{up} moved up, {down} moved down, {total - up - down} stayed. Click a bar or a cell to open its prompts.")
+    if not total and run.regenerated_pair() is None:
+        text += " <b id='matrix-none'>No prompt of this run was generated for at two steps: no matrix to show.</b>"
     ha, hb = views.histogram_frame(hist_a, G), views.histogram_frame(hist_b, G)
     # a slider's value is sent back only when it was defaulted: never undo what the user is moving meanwhile
     return [gr.Slider(minimum=lo, maximum=hi, **({} if valid_a else {"value": a})),
             gr.Slider(minimum=lo, maximum=hi, **({} if valid_b else {"value": b})), text,
-            vega(views.bar_spec(ha, "bin", "prompts", f"A: step {a}", SPEC_HEIGHT)),
-            vega(views.bar_spec(hb, "bin", "prompts", f"B: step {b}", SPEC_HEIGHT)),
-            views.matrix_style(views.matrix_frame(m, G))]
+            vega(views.bar_spec(ha.assign(key=[f"bin{i}" for i in range(G + 1)]), "bin", "prompts", f"A: step {a}",
+                                SPEC_HEIGHT)),
+            vega(views.bar_spec(hb.assign(key=[f"bin{i}" for i in range(G + 1)]), "bin", "prompts", f"B: step {b}",
+                                SPEC_HEIGHT)),
+            views.matrix_style(views.matrix_frame(m, G, cells))]
 
 
 def default_prompt(run: Run) -> str | None:
@@ -141,17 +241,42 @@ def default_prompt(run: Run) -> str | None:
     return data.last_sampled(run, subset=X2) or data.last_sampled(run)
 
 
-def render_prompt(run: Run, uid: str | None, query: str = "") -> list:
-    uid = uid or default_prompt(run)
-    hits = data.search_prompts(run, query or "", SEARCH_RESULTS)
-    choices = ([(uid, uid)] if uid else []) + [(f"{u} — {t[:70]}", u) for u, t in hits if u != uid]
+def _choices(run: Run, uids: list[str]) -> list[tuple[str, str]]:
+    text = data.texts(run, uids, 70)
+    return [(f"{u} — {text[u]}" if text.get(u) else u, u) for u in uids]
+
+
+def render_prompt(run: Run, uid: str | None, query: str = "", listed: dict | None = None) -> list:
+    """The drill-down: `uid` if given; else the first prompt matching `query` (none: it says so); else the
+    default prompt. `listed` ({"what", "uids", "n"}, from a click-through) fills the picker instead of the search."""
+    query = (query or "").strip()
+    note = ""
+    if listed:
+        uids = listed["uids"]
+        uid = uid if uid in uids else (uids[0] if uids else None)
+        choices, note = _choices(run, uids), views.list_text(listed["what"], listed["n"], len(uids))
+        if not uids:
+            return [gr.Dropdown(choices=[], value=None), note, gr.Image(value=None, visible=False),
+                    history_plot(pd.DataFrame(columns=["step", "subset", "correct", "G"])),
+                    views.history_table(pd.DataFrame()), pd.DataFrame()]
+    else:
+        hits = data.search_prompts(run, query, SEARCH_RESULTS)
+        if not uid and query:
+            if not hits:  # say so: never show another prompt as if it matched
+                empty = pd.DataFrame(columns=["step", "subset", "correct", "G"])
+                return [gr.Dropdown(choices=[], value=None), views.no_match_text(query),
+                        gr.Image(value=None, visible=False), history_plot(empty), views.history_table(empty),
+                        pd.DataFrame(columns=["step", "subset", "idx", "verdict", "reward", "response"])]
+            uid = hits[0][0]
+        uid = uid or default_prompt(run)
+        choices = ([(uid, uid)] if uid else []) + [(f"{u} — {t[:70]}", u) for u, t in hits if u != uid]
     picker = gr.Dropdown(choices=choices, value=uid)
     if not uid:
         empty = pd.DataFrame(columns=["step", "subset", "correct", "G"])
         return [picker, "no prompt recorded yet", gr.Image(value=None, visible=False), history_plot(empty),
                 views.history_table(empty), pd.DataFrame(columns=["step", "subset", "idx", "verdict", "reward", "response"])]
     d = data.prompt_detail(run, uid)
-    if not d["found"] and (fallback := default_prompt(run)):  # e.g. a uid picked in another run
+    if not d["found"] and not listed and (fallback := default_prompt(run)):  # e.g. a uid picked in another run
         uid, d = fallback, data.prompt_detail(run, fallback)
         picker = gr.Dropdown(choices=[(uid, uid), *choices], value=uid)
     image = None
@@ -159,7 +284,7 @@ def render_prompt(run: Run, uid: str | None, query: str = "") -> list:
         from PIL import Image
 
         image = Image.open(io.BytesIO(d["image"]))
-    return [picker, views.prompt_text(d), gr.Image(value=image, visible=image is not None),
+    return [picker, note + views.prompt_text(d), gr.Image(value=image, visible=image is not None),
             history_plot(d["history"]), views.history_table(d["history"]), d["samples"]]
 
 
@@ -167,15 +292,119 @@ def history_plot(history: pd.DataFrame) -> AltairPlotData:
     return vega(views.history_spec(history, SPEC_HEIGHT))
 
 
-def render_compare(runs: dict[str, Run], labels: list[str], metric: str, window: int) -> list:
-    chosen = {lab: (r.steps(), r.evals(), r.ledger()) for lab in labels or [] if (r := _run(runs, lab))}
-    curves, solved, table = views.compare_frames(chosen, metric, window)
-    return [vega(views.line_spec(curves, "step", "value", "run", f"{metric} vs steps", SPEC_HEIGHT, y_title=metric)),
-            vega(views.line_spec(curves, "rollouts", "value", "run", f"{metric} vs rollouts generated",
-                                 SPEC_HEIGHT, y_title=metric, integer_x=False)),
-            vega(views.line_spec(solved, "step", "prompts", "run",
-                                 "Hard problems solved (0/G at first, later ≥ 1/G), cumulative", SPEC_HEIGHT, zero=True)),
-            table]
+def compare_inputs(runs: dict[str, Run], labels) -> tuple[dict[str, dict], dict[str, str]]:
+    """What Compare reads of each chosen run, and the runs that could not be read (label -> message)."""
+    chosen, errors = {}, {}
+    for lab in labels or []:
+        r = _run(runs, lab)
+        try:
+            started = pd.Timestamp(r.meta()["created_at"]).timestamp() if r.meta().get("created_at") else None
+            chosen[lab] = {"metrics": r.metrics(), "steps": r.steps(), "evals": r.evals(),
+                           "ledger": r.ledger_retries(), "started": started}
+        except UNREADABLE as e:
+            errors[lab] = unreadable(r, e).split(": ", 1)[1]
+    return chosen, errors
+
+
+def render_compare(runs: dict[str, Run], labels: list[str], metric: str | None, x_axis: str, weight: float,
+                   colors: dict[str, str], out_dir: Path) -> list:
+    """The chosen runs' `metric` against `x_axis` (EMA-smoothed, raw faint), their solved hard prompts, the
+    summary table with notes, and the plotted data as CSV. An unreadable run is named in the notes; the others
+    are still drawn."""
+    chosen, errors = compare_inputs(runs, labels)
+    choices = views.compare_metrics({k: v["metrics"] for k, v in chosen.items()},
+                                    {k: v["evals"] for k, v in chosen.items()})
+    metric = metric if metric in choices else choices[0]
+    x_axis = x_axis if x_axis in views.X_AXES else views.X_STEP
+    curves = views.smoothed(views.compare_frame(chosen, metric, x_axis), "value", "run", weight)
+    solved = views.compare_frame(chosen, views.SOLVED_METRIC, x_axis)
+    table = views.compare_table(chosen)
+    csv = out_dir / "compare.csv"
+    cols = {"x": x_axis, "value": metric, **({"raw": f"{metric} (raw)"} if "raw" in curves else {}), "run": "run"}
+    curves[list(cols)].rename(columns=cols).to_csv(csv, index=False)
+    note = views.compare_notes(table, errors) or ("choose runs to compare" if not labels else "")
+    integer_x = x_axis == views.X_STEP
+    return [gr.Dropdown(choices=choices, value=metric),
+            vega(views.line_spec(curves, "x", "value", "run", f"{metric} vs {x_axis}", SPEC_HEIGHT, x_title=x_axis,
+                                 y_title=metric, integer_x=integer_x, colors=colors)),
+            vega(views.line_spec(solved, "x", "value", "run",
+                                 "Hard problems solved (0/G at first, later ≥ 1/G), cumulative", SPEC_HEIGHT,
+                                 x_title=x_axis, y_title="prompts", zero=True, integer_x=integer_x, colors=colors)),
+            note, table, gr.DownloadButton(value=str(csv), visible=not curves.empty)]
+
+
+# ----------------------------------------------------------------------------- click-through
+
+
+def drill(run: Run, key: str, mode: str, step_a, step_b) -> dict:
+    """The prompts behind a clicked aggregate: key "chart|name@first-last" for a bar of the batch charts (a
+    subset, or bin<i> of the fresh groups, over steps first..last), "bins-hist-a|bin<i>" or "...-b|bin<i>" for a
+    histogram bar of the bins tab, "bins-matrix|<i>,<j>" for a migration cell. -> {"what", "uids", "n"}."""
+    chart, _, name = key.partition("|")
+    G = run.group_size()
+    labels = views.bin_labels(G)
+    if chart in ("batch-composition", "batch-bins"):
+        name, _, span = name.partition("@")
+        first, _, last = span.partition("-")
+        first, last = int(first), int(last or first)
+        at = f"step {first}" if first == last else f"steps {first}–{last}"
+        if chart == "batch-composition":
+            uids = data.prompts_at(run, [name], first, last)
+            what = f"{views.SUBSET_LABELS.get(name, name)} at {at}"
+        else:
+            i = int(name.removeprefix("bin"))
+            uids = data.prompts_at(run, list(FRESH), first, last, bin_=i, G=G)
+            what = f"fresh groups at {labels[i]} at {at}"
+    else:
+        a, b, _, _ = bin_steps(run, step_a, step_b)
+        ba, bb, rows, cols = bins_of(run, mode, a, b)
+        gen = run.generated()
+        if chart == "bins-matrix":
+            i, j = (int(v) for v in name.split(","))
+            uids = gen.uids_in_bins(rows, cols, i, j)
+            what = f"migration cell {labels[i]} at A (step {a}) → {labels[j]} at B (step {b})"
+        else:
+            i = int(name.removeprefix("bin"))
+            uids = gen.uids_in_bins(ba if chart.endswith("-a") else bb, None, i, None)
+            what = f"prompts at {labels[i]} in histogram {'A' if chart.endswith('-a') else 'B'} (step " \
+                   f"{a if chart.endswith('-a') else b})"
+    return {"what": what, "uids": sorted(uids)[:DRILL_RESULTS], "n": len(uids)}
+
+
+# ----------------------------------------------------------------------------- the login limit
+
+
+class LoginLimit:
+    """ASGI middleware: a client (by address) that sent LOGIN_FAILURES wrong passwords within LOGIN_WINDOW_S is
+    refused (429, saying for how long) until the oldest of them is older than that. Gradio's /login has no limit."""
+
+    def __init__(self, app, failures: int = LOGIN_FAILURES, window: float = LOGIN_WINDOW_S):
+        self.app, self.failures, self.window = app, failures, window
+        self.seen: dict[str, list[float]] = {}
+        self.lock = threading.Lock()
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http" or scope["method"] != "POST" or scope["path"].rstrip("/") != "/login":
+            return await self.app(scope, receive, send)
+        client = (scope.get("client") or ("?",))[0]
+        now = time.monotonic()
+        with self.lock:
+            recent = [t for t in self.seen.get(client, []) if now - t < self.window]
+            self.seen[client] = recent
+        if len(recent) >= self.failures:
+            wait = int(self.window - (now - recent[0])) + 1
+            body = json.dumps({"detail": f"too many wrong passwords: try again in {wait} s"}).encode()
+            await send({"type": "http.response.start", "status": 429,
+                        "headers": [(b"content-type", b"application/json"), (b"retry-after", str(wait).encode())]})
+            return await send({"type": "http.response.body", "body": body})
+
+        async def watch(message):
+            if message["type"] == "http.response.start" and message["status"] == 400:  # Gradio: wrong password
+                with self.lock:
+                    self.seen.setdefault(client, []).append(time.monotonic())
+            await send(message)
+
+        return await self.app(scope, receive, watch)
 
 
 # ----------------------------------------------------------------------------- the page
@@ -187,16 +416,21 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
         raise ValueError("the dashboard needs at least one run directory")
     by_label = {r.label: r for r in runs}
     labels = list(by_label)
+    colors = {lab: views.RUN_COLORS[i % len(views.RUN_COLORS)] for i, lab in enumerate(labels)}
+    out_dir = Path(tempfile.mkdtemp(prefix="bapo-dashboard-"))  # the Compare CSV (Gradio serves it from its cache)
 
     with gr.Blocks(title="bapo dashboard") as demo:
         with gr.Row(equal_height=True):
             run_dd = gr.Dropdown(labels, value=labels[0], label="run", scale=3, elem_id="run")
-            window = gr.Slider(1, 50, value=1, step=1, label="smoothing (steps, trailing mean)", scale=2,
-                               elem_id="smooth")
+            weight = gr.Slider(0, 0.99, value=0, step=0.01, label="smoothing (EMA weight; raw lines stay faint)",
+                               scale=2, elem_id="smooth")
             live = gr.Markdown("", elem_id="live", elem_classes="summary")
         active = gr.State(TAB_OVERVIEW)
         shown = gr.State(None)  # version key of what the active tab shows
+        listed = gr.State(None)  # the prompts a click-through listed in the drill-down
         timer = gr.Timer(poll_seconds)
+        drill_key = gr.Textbox(elem_id="drill-key", elem_classes="drill-hidden", container=False)
+        drill_go = gr.Button("open", elem_id="drill-go", elem_classes="drill-hidden")
         with gr.Tabs(elem_id="tabs") as tabs:
             with gr.Tab(TAB_TITLES[TAB_OVERVIEW], id=TAB_OVERVIEW, elem_id="tab-overview") as t_overview:
                 ov_text = gr.Markdown(elem_id="overview-text", elem_classes="summary")
@@ -204,6 +438,16 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
                     ov_reward = gr.Plot(show_label=False, elem_id="overview-reward")
                     ov_rollouts = gr.Plot(show_label=False, elem_id="overview-rollouts")
                 ov_time = gr.Plot(show_label=False, elem_id="overview-time")
+            with gr.Tab(TAB_TITLES[TAB_HEALTH], id=TAB_HEALTH, elem_id="tab-health") as t_health:
+                h_text = gr.Markdown(elem_id="health-text", elem_classes="summary")
+                h_plots = []
+                for i in range(0, len(views.HEALTH) + 1, 2):
+                    with gr.Row():
+                        h_plots += [gr.Plot(show_label=False, elem_id=f"health-{k}")
+                                    for k in range(i, min(i + 2, len(views.HEALTH) + 1))]
+                with gr.Row():
+                    h_other = gr.Dropdown([], label="any other recorded metric", elem_id="health-other-pick", scale=1)
+                    h_other_plot = gr.Plot(show_label=False, elem_id="health-other", scale=3)
             with gr.Tab(TAB_TITLES[TAB_BATCH], id=TAB_BATCH, elem_id="tab-batch") as t_batch:
                 b_text = gr.Markdown(elem_id="batch-text", elem_classes="summary")
                 with gr.Row():
@@ -227,11 +471,14 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
                                     elem_id="bins-mode")
                     step_a = gr.Slider(0, 1, value=0, step=1, label="step A", elem_id="step-a")
                     step_b = gr.Slider(0, 1, value=0, step=1, label="step B", elem_id="step-b")
+                    cells = gr.Radio(list(views.CELLS), value=views.CELLS[0], label="matrix cells",
+                                     elem_id="bins-cells", scale=1)
                 bins_text = gr.Markdown(elem_id="bins-text", elem_classes="summary")
                 with gr.Row():
                     hist_a = gr.Plot(show_label=False, elem_id="bins-hist-a")
                     hist_b = gr.Plot(show_label=False, elem_id="bins-hist-b")
-                matrix = gr.Dataframe(interactive=False, label="migration matrix (rows: bin at A, columns: bin at B)",
+                matrix = gr.Dataframe(interactive=False, label="migration matrix (rows: bin at A, columns: bin at B; "
+                                                               "click a cell to open its prompts)",
                                       elem_id="bins-matrix")
             with gr.Tab(TAB_TITLES[TAB_PROMPT], id=TAB_PROMPT, elem_id="tab-prompt") as t_prompt:
                 with gr.Row():
@@ -239,7 +486,7 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
                     found = gr.Dropdown([], label="prompt", scale=3, elem_id="prompt-pick", allow_custom_value=False)
                 with gr.Row():
                     with gr.Column(scale=3):
-                        p_text = gr.Markdown(elem_id="prompt-text")
+                        p_text = gr.HTML(elem_id="prompt-text")
                     p_image = gr.Image(visible=False, type="pil", label="image", scale=1, elem_id="prompt-image",
                                        interactive=False, height=200)
                 with gr.Row():
@@ -251,25 +498,29 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
             with gr.Tab(TAB_TITLES[TAB_COMPARE], id=TAB_COMPARE, elem_id="tab-compare") as t_compare:
                 with gr.Row():
                     c_runs = gr.CheckboxGroup(labels, value=labels, label="runs", scale=3, elem_id="compare-runs")
-                    c_metric = gr.Dropdown(list(views.COMPARE_METRICS), value=views.COMPARE_METRICS[0],
-                                           label="metric", elem_id="compare-metric")
-                with gr.Row():
-                    c_step = gr.Plot(show_label=False, elem_id="compare-steps")
-                    c_rollouts = gr.Plot(show_label=False, elem_id="compare-rollouts")
+                    c_metric = gr.Dropdown([views.FRESH_REWARD], value=None, label="metric", elem_id="compare-metric",
+                                           allow_custom_value=False, scale=2)
+                    c_x = gr.Radio(list(views.X_AXES), value=views.X_AXES[0], label="x-axis", elem_id="compare-x",
+                                   scale=2)
+                    c_csv = gr.DownloadButton("CSV of the plotted data", elem_id="compare-csv", scale=1, visible=False)
+                c_note = gr.Markdown(elem_id="compare-note")
+                c_plot = gr.Plot(show_label=False, elem_id="compare-plot")
                 c_solved = gr.Plot(show_label=False, elem_id="compare-solved")
                 c_table = gr.Dataframe(interactive=False, label="summary", elem_id="compare-table")
 
         # ------------------------------------------------------------------------- wiring
         outputs = {
             TAB_OVERVIEW: [ov_text, ov_reward, ov_rollouts, ov_time],
+            TAB_HEALTH: [h_text, *h_plots, h_other, h_other_plot],
             TAB_BATCH: [b_text, b_comp, b_bins, b_buffers, b_thresholds],
             TAB_LEDGER: [l_text, l_curve, l_table, l_note],
             TAB_BINS: [step_a, step_b, bins_text, hist_a, hist_b, matrix],
             TAB_PROMPT: [found, p_text, p_image, p_plot, p_rows, p_samples],
-            TAB_COMPARE: [c_step, c_rollouts, c_solved, c_table],
+            TAB_COMPARE: [c_metric, c_plot, c_solved, c_note, c_table, c_csv],
         }
-        controls = {"run": run_dd, "window": window, "which": l_which, "mode": mode, "a": step_a, "b": step_b,
-                    "uid": found, "query": query, "compare": c_runs, "metric": c_metric}
+        controls = {"run": run_dd, "weight": weight, "which": l_which, "mode": mode, "a": step_a, "b": step_b,
+                    "cells": cells, "uid": found, "query": query, "listed": listed, "compare": c_runs,
+                    "metric": c_metric, "x": c_x, "other": h_other}
         names, inputs = list(controls), list(controls.values())
         # one token per tab: setting it re-renders that tab. The timer's event outputs only these States, so an
         # idle tick costs the browser nothing (an event's outputs are redrawn whenever it completes), and a
@@ -277,26 +528,41 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
         tokens = {tab: gr.State(0) for tab in outputs}
 
         def version(tab, c):
+            """What the tab shows depends on: a run's version, or why it cannot be read."""
             runs = [_run(by_label, lab) for lab in c["compare"] or []] if tab == TAB_COMPARE else [_run(by_label, c["run"])]
-            return [tab, c["run"], *((r.label, r.version()) for r in runs)]
+            key = [tab, c["run"]]
+            for r in runs:
+                try:
+                    key.append((r.label, r.version()))
+                except UNREADABLE as e:
+                    key.append((r.label, unreadable(r, e)))
+            return key
 
         renderers = {  # tab -> its renderer, given the run shown and the controls' values
-            TAB_OVERVIEW: lambda run, c: render_overview(run, int(c["window"] or 1)),
+            TAB_OVERVIEW: lambda run, c: render_overview(run, float(c["weight"] or 0)),
+            TAB_HEALTH: lambda run, c: render_health(run, float(c["weight"] or 0), c["other"]),
             TAB_BATCH: lambda run, c: render_batch(run),
             TAB_LEDGER: lambda run, c: render_ledger(run, c["which"]),
-            TAB_BINS: lambda run, c: render_bins(run, c["mode"], c["a"], c["b"]),
-            TAB_PROMPT: lambda run, c: render_prompt(run, c["uid"], c["query"]),
-            TAB_COMPARE: lambda run, c: render_compare(by_label, c["compare"], c["metric"], int(c["window"] or 1)),
+            TAB_BINS: lambda run, c: render_bins(run, c["mode"], c["a"], c["b"], c["cells"]),
+            TAB_PROMPT: lambda run, c: render_prompt(run, c["uid"], c["query"], c["listed"]),
+            TAB_COMPARE: lambda run, c: render_compare(by_label, c["compare"], c["metric"], c["x"],
+                                                       float(c["weight"] or 0), colors, out_dir),
         }
 
         def render(tab, c: dict) -> dict:
             key = version(tab, c)  # before reading: a step committed meanwhile makes the next poll re-render
             run = _run(by_label, c["run"])
-            values = renderers[tab](run, c)
-            steps = run.steps()
-            stamp = (f"<span id='live-step'>step {int(steps['step'].max()) if not steps.empty else '–'}</span> · "
-                     f"{run.meta().get('status', '?')} · read {time.strftime('%H:%M:%S')} · polled every "
-                     f"{poll_seconds:g} s")
+            try:  # an unreadable record is said once, in place: the poll re-renders only when the reason changes
+                values = renderers[tab](run, c)
+            except UNREADABLE as e:
+                values = [blank(comp, unreadable(run, e)) for comp in outputs[tab]]
+            try:  # the header is the picked run's (Compare, which names its own unreadable runs, is not blanked)
+                steps = run.steps()
+                stamp = (f"<span id='live-step'>{run.label} · step "
+                         f"{int(steps['step'].max()) if not steps.empty else '–'}</span> · {run.status()} · "
+                         f"read {time.strftime('%H:%M:%S')} · polled every {poll_seconds:g} s")
+            except UNREADABLE as e:
+                stamp = f"<span id='live-error'>{unreadable(run, e)}</span>"
             return {**dict(zip(outputs[tab], values)), live: stamp, shown: key}
 
         def renderer(tab):
@@ -313,32 +579,71 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
                 return {tokens[tab]: gr.skip()}
             return bump(tab)
 
-        def search(*args):
+        def search(*args):  # a new search: the first match (or "no match"), and the click-through list is gone
             c = dict(zip(names, args))
-            hits = data.search_prompts(_run(by_label, c["run"]), c["query"], 1)
-            return render(TAB_PROMPT, {**c, "uid": hits[0][0] if hits else None})
+            return {listed: None, **render(TAB_PROMPT, {**c, "uid": None, "listed": None})}
+
+        def open_prompts(c: dict, what: dict) -> dict:
+            c = {**c, "uid": None, "listed": what}
+            return {listed: what, tabs: gr.Tabs(selected=TAB_PROMPT), active: TAB_PROMPT, **render(TAB_PROMPT, c)}
 
         def pick_from_ledger(table, evt: gr.SelectData):
             uid = str(table.iloc[evt.index[0]]["uid"])
-            return {query: uid, found: gr.Dropdown(choices=[(uid, uid)], value=uid), tabs: gr.Tabs(selected=TAB_PROMPT),
-                    active: TAB_PROMPT, **bump(TAB_PROMPT)}
+            return {query: uid, listed: None, found: gr.Dropdown(choices=[(uid, uid)], value=uid),
+                    tabs: gr.Tabs(selected=TAB_PROMPT), active: TAB_PROMPT, **bump(TAB_PROMPT)}
 
-        tab_blocks = {TAB_OVERVIEW: t_overview, TAB_BATCH: t_batch, TAB_LEDGER: t_ledger, TAB_BINS: t_bins,
-                      TAB_PROMPT: t_prompt, TAB_COMPARE: t_compare}
+        def pick_cell(evt: gr.SelectData, *args):  # Gradio passes the event where the signature names it
+            c = dict(zip(names, args))
+            i, j = evt.index
+            if j == 0:  # the row's label
+                return {}
+            run = _run(by_label, c["run"])
+            return open_prompts(c, drill(run, f"bins-matrix|{i},{j - 1}", c["mode"], c["a"], c["b"]))
+
+        def pick_bar(key, *args):
+            c = dict(zip(names, args))
+            if not key or key.partition("|")[0] not in DRILL_CHARTS:
+                return {}
+            run = _run(by_label, c["run"])
+            return open_prompts(c, drill(run, key, c["mode"], c["a"], c["b"]))
+
+        tab_blocks = {TAB_OVERVIEW: t_overview, TAB_HEALTH: t_health, TAB_BATCH: t_batch, TAB_LEDGER: t_ledger,
+                      TAB_BINS: t_bins, TAB_PROMPT: t_prompt, TAB_COMPARE: t_compare}
         for tab, block in tab_blocks.items():
             outs = [*outputs[tab], live, shown]
             block.select(opener(tab), inputs, [*outs, active], show_progress="hidden")
             tokens[tab].change(renderer(tab), inputs, outs, show_progress="hidden", trigger_mode="always_last")
         demo.load(renderer(TAB_OVERVIEW), inputs, [*outputs[TAB_OVERVIEW], live, shown])
         timer.tick(poll, [active, shown, run_dd, c_runs], list(tokens.values()), show_progress="hidden")
-        run_dd.input(lambda tab: bump(tab), active, list(tokens.values()))  # another run: redraw the tab in view
-        window.release(lambda tab: bump(tab), active, list(tokens.values()))
-        for comp, tab, event in ((l_which, TAB_LEDGER, "input"), (mode, TAB_BINS, "input"), (step_a, TAB_BINS, "release"),
-                                 (step_b, TAB_BINS, "release"), (found, TAB_PROMPT, "input"),
-                                 (c_runs, TAB_COMPARE, "input"), (c_metric, TAB_COMPARE, "input")):
-            getattr(comp, event)(renderer(tab), inputs, [*outputs[tab], live, shown], trigger_mode="always_last")
-        query.submit(search, inputs, [*outputs[TAB_PROMPT], live, shown])
-        l_table.select(pick_from_ledger, l_table, [query, found, tabs, active, *tokens.values()])
+        # another run, or another smoothing: the tab in view is drawn again in the same round trip (its outputs
+        # are a part of all tabs' outputs; the others are left as they are). A slider's `input` fires on every
+        # change the user makes, typing in its number box included (not only when it loses focus); a dropdown's
+        # pick is its `select` (its `input` fires twice per pick).
+        every = list(dict.fromkeys(c for outs in outputs.values() for c in outs))
+        run_dd.select(lambda tab, *args: {listed: None, **render(tab, {**dict(zip(names, args)), "listed": None})},
+                     [active, *inputs], [listed, *every, live, shown], trigger_mode="always_last",
+                     show_progress="hidden")
+        weight.input(lambda tab, *args: render(tab, dict(zip(names, args))), [active, *inputs], [*every, live, shown],
+                     trigger_mode="always_last", show_progress="hidden")
+        for comp, tab in ((l_which, TAB_LEDGER), (mode, TAB_BINS), (step_a, TAB_BINS), (step_b, TAB_BINS),
+                          (cells, TAB_BINS), (c_runs, TAB_COMPARE)):
+            comp.input(renderer(tab), inputs, [*outputs[tab], live, shown], trigger_mode="always_last",
+                       show_progress="hidden")
+        found.select(renderer(TAB_PROMPT), inputs, [*outputs[TAB_PROMPT], live, shown], trigger_mode="always_last",
+                     show_progress="hidden")
+        # the same runs: the metric picker keeps its choices (not sent again)
+        for event in (c_metric.select, c_x.input):
+            event(lambda *args: {**renderer(TAB_COMPARE)(*args), c_metric: gr.skip()}, inputs,
+                  [*outputs[TAB_COMPARE], live, shown], trigger_mode="always_last", show_progress="hidden")
+        # another metric in Training health redraws only its own chart (the picker keeps its choices)
+        h_other.select(lambda *args: render_other(_run(by_label, args[0]), float(args[1] or 0), args[2])[1],
+                      [run_dd, weight, h_other], h_other_plot, trigger_mode="always_last", show_progress="hidden")
+        prompt_outs = [listed, *outputs[TAB_PROMPT], live, shown]
+        query.submit(search, inputs, prompt_outs)
+        l_table.select(pick_from_ledger, l_table, [query, listed, found, tabs, active, *tokens.values()])
+        drill_outs = [listed, tabs, active, *prompt_outs[1:]]
+        matrix.select(pick_cell, inputs, drill_outs)
+        drill_go.click(pick_bar, [drill_key, *inputs], drill_outs, js="(k, ...rest) => [window.__bapoDrill, ...rest]")
     return demo
 
 
@@ -346,14 +651,22 @@ def launch(paths, host: str = "127.0.0.1", port: int | None = None, password: st
            user: str = "bapo", poll_seconds: float = POLL_SECONDS, block: bool = True, warm: bool = True):
     """Build the dashboard over the run directories `paths` and serve it; returns the Blocks (serving in a
     thread when block=False). Binding to anything but localhost is the caller's explicit choice (the CLI
-    asks for --host); `password` turns on Gradio's login."""
+    asks for --host); `password` turns on Gradio's login, with at most LOGIN_FAILURES wrong passwords per
+    client per LOGIN_WINDOW_S."""
     runs = data.load_runs(paths)
     demo = build(runs, poll_seconds)
     if warm:  # read every run's generated groups once in the background: the ledger, migration and compare
         # tabs then open from memory (a request meanwhile waits for the same read, never repeats it)
-        threading.Thread(target=lambda: [r.generated() for r in runs], name="dashboard-warm", daemon=True).start()
+        def warm_up():
+            for r in runs:
+                try:
+                    r.generated()
+                except UNREADABLE:  # said on its tab
+                    pass
+
+        threading.Thread(target=warm_up, name="dashboard-warm", daemon=True).start()
     demo.queue(default_concurrency_limit=4)
     demo.launch(server_name=host, server_port=port, auth=(user, password) if password else None, share=False,
-                prevent_thread_lock=not block, show_error=True, quiet=not block, css=CSS, ssr_mode=False,
-                footer_links=[])
+                prevent_thread_lock=not block, show_error=True, quiet=not block, css=CSS, js=CLICK_JS, ssr_mode=False,
+                footer_links=[], app_kwargs={"middleware": [Middleware(LoginLimit)]})
     return demo

@@ -13,13 +13,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from bapo_vl.reader import Run, snapshot
-from bapo_vl.record import DB_NAME, find_runs, read_meta
+from bapo_vl.reader import Run, accuracy_bin, snapshot
+from bapo_vl.record import DB_NAME, find_runs, read_meta, sql_in
 
 
 def load_runs(paths) -> list[Run]:
     """Runs from command-line paths: a run directory, or a folder of runs (each run.db under it, newest first).
-    Labels are the run names, made unique with their parent folder when two runs share a name."""
+    Labels are the run names, made unique with their parent folder when two runs share a name. A record that
+    cannot be read (empty, corrupt, old schema) is still listed: the dashboard says why on its tabs."""
     dirs: list[Path] = []
     for p in map(Path, paths):
         if (p / DB_NAME).is_file():
@@ -33,11 +34,11 @@ def load_runs(paths) -> list[Run]:
     for d in dirs:
         try:
             names.append(read_meta(d).get("name", d.name))
-        except sqlite3.Error:
+        except (sqlite3.Error, ValueError):  # not readable (yet): record.UnreadableRecordError is a ValueError
             names.append(d.name)
     labels = [n if names.count(n) == 1 else f"{n} ({d.parent.name}/{d.name})" for n, d in zip(names, dirs)]
     labels = [lab if labels.count(lab) == 1 else f"{lab} #{i + 1}" for i, lab in enumerate(labels)]
-    return [Run(d, lab) for d, lab in zip(dirs, labels)]
+    return [Run(d, lab, check=False) for d, lab in zip(dirs, labels)]  # an unreadable one is said so on its tab
 
 
 # ----------------------------------------------------------------------------- prompt drill-down
@@ -97,3 +98,14 @@ def last_sampled(run: Run, subset: str | None = None) -> str | None:
         row = conn.execute("SELECT uid FROM samples WHERE (? IS NULL OR subset = ?) ORDER BY step DESC LIMIT 1",
                            (subset, subset)).fetchone()
     return row[0] if row else None
+
+
+def prompts_at(run: Run, subsets, first: int, last: int, bin_: int | None = None, G: int | None = None) -> list[str]:
+    """The uids of the groups of `subsets` at steps first..last (with bin_: only those whose accuracy bin on the
+    0/G..G/G scale is bin_): the prompts behind a bar of the batch charts."""
+    with snapshot(run.path) as conn:
+        rows = conn.execute(f"SELECT uid, correct, G FROM prompt_steps WHERE step BETWEEN ? AND ? AND "
+                            f"{sql_in(subsets)}", (first, last)).fetchall()
+    if bin_ is not None:
+        rows = [r for r in rows if int(accuracy_bin(r[1], r[2], G)) == bin_]
+    return list(dict.fromkeys(r[0] for r in rows))

@@ -1,13 +1,22 @@
 """Pure plot functions: data read from a run record (bapo_vl.reader, app/data.py) -> the long-format tables the plots
-draw and the text the tabs show. No Gradio and no SQL here, so each is testable on its own."""
+draw and the text the tabs show. No Gradio and no SQL here, so each is testable on its own.
+
+Every chart is a hand-written Vega-Lite spec (app/dashboard.py says why). Line charts are interactive the way W&B's
+are: the mouse wheel zooms the x-axis and a drag pans it (double-click resets), a click on a legend entry
+highlights that series (a second click toggles it back), and hovering shows a crosshair with every series' value
+at that x. Colours are fixed here, never left to the theme: one per subset, one per verdict, one per run.
+"""
 from __future__ import annotations
 
+import html
+import json
 import math
+import time
 
 import numpy as np
 import pandas as pd
 
-from bapo_vl.reader import ledger_counts, step_summary, summary
+from bapo_vl.reader import ledger_counts, retry_counts, step_summary, summary
 from bapo_vl.record import FILTERED, GENERATED, NOT_PROMOTED, X1, X2, X3
 
 # series labels (the legend); kept here so code and tests use the same strings
@@ -18,6 +27,12 @@ EVAL_PREFIX = "eval "
 SUBSET_LABELS = {X1: "X1 (fresh, kept)", FILTERED: "fresh, filtered out", X2: "X2 (re-evaluated, promoted)",
                  NOT_PROMOTED: "re-evaluated, not promoted", X3: "X3 (replayed)"}
 SUBSET_COLORS = {X1: "#4c78a8", FILTERED: "#9ecae9", X2: "#f58518", NOT_PROMOTED: "#ffbf79", X3: "#54a24b"}
+# one colour per run, by its place on the command line (app/dashboard.py): the same in every chart
+RUN_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", "#eeca3b", "#9d755d", "#ff9da6",
+              "#bab0ac")
+# verifier verdicts (bapo_vl.problem.Verdict values), bottom to top; other values get NEUTRAL
+VERDICT_COLORS = {"correct": "#54a24b", "wrong": "#e45756", "unparsable": "#f58518", "timeout": "#b279a2"}
+NEUTRAL = "#8c8c8c"  # a mark that must read on a light and a dark page (the dashed B level)
 B_LINE = "configured B"
 PHASES = {"t_generate": "generate", "t_score": "score", "t_train": "train", "t_sync": "sync"}
 BUFFERS = {"bad_size": "B_bad", "high_size": "B_high"}
@@ -25,9 +40,24 @@ THRESHOLDS = {"c1": "c1", "c2": "c2", "c3": "c3", "r_tot": "r_tot"}
 HARD_SEEN = "first seen at 0/G (cumulative)"
 HARD_SOLVED = "later reached ≥ 1/G (cumulative)"
 ROLLOUT_KINDS = {"rollouts": "all", "rollouts_fresh": "fresh", "rollouts_reevaluated": "re-evaluation"}
+STALENESS = "staleness"  # derived: policy_version - rollout_version
+# Training health: one chart per group of per-step scalars (title, {metric: legend label}); a metric the run did
+# not record is left out, a chart with none is left empty
+HEALTH = (
+    ("Reward", {"fresh_reward": "fresh (before filtering)", "reward": "training batch",
+                "reevaluated_reward": "re-evaluated"}),
+    ("Policy loss", {"loss": "loss (minimised)", "pg_loss": "policy-gradient term"}),
+    ("KL", {"kl": "KL to the reference (k3)", "ppo_kl": "KL to the rollout policy"}),
+    ("Entropy (mean token entropy)", {"entropy": "entropy"}),
+    ("Clip fraction (tokens whose gradient the clip removed)", {"clip_frac": "clip", "clip_frac_dual": "dual clip"}),
+    ("Importance ratio π_θ / π_rollout (mean)", {"ratio_mean": "mean ratio"}),
+    ("Gradient norm (before clipping)", {"grad_norm": "grad norm"}),
+    ("Response length (tokens, fresh rollouts)", {"response_length": "mean length"}),
+    ("Staleness: policy updates between the rollout policy and the update", {STALENESS: "updates behind"}),
+)
 MAX_BARS = 125  # stacked bar charts show at most this many bars (means of consecutive steps beyond)
 MAX_POINTS = 250  # line charts show at most about this many points per series (means of consecutive steps beyond)
-MAX_TOOLTIPS = 300  # a line chart with more points than this has no per-point tooltips (each is an SVG mark)
+MAX_HOVER = 120  # x positions the crosshair snaps to (beyond, an even subset): each is two SVG elements
 
 
 def long(df: pd.DataFrame, x: str, columns: dict[str, str], value: str, series: str) -> pd.DataFrame:
@@ -43,14 +73,25 @@ def long(df: pd.DataFrame, x: str, columns: dict[str, str], value: str, series: 
     return out.reset_index(drop=True)
 
 
-def smooth(df: pd.DataFrame, columns, window: int) -> pd.DataFrame:
-    """Trailing rolling mean of `columns` over `window` steps (1: unchanged)."""
-    if window <= 1 or df.empty:
+def ema(values: pd.Series, weight: float) -> pd.Series:
+    """Exponential moving average with W&B's and TensorBoard's debiasing (the first points are not pulled towards
+    0): s_t = sum_i w^i x_(t-i) / sum_i w^i over the values so far. weight 0: unchanged. NaN stays NaN."""
+    values = pd.to_numeric(values, errors="coerce").astype("float64")
+    if weight <= 0 or values.empty:
+        return values
+    out = values.ewm(alpha=1 - min(weight, 0.999), adjust=True, ignore_na=True).mean()
+    return out.where(values.notna())
+
+
+def smoothed(df: pd.DataFrame, value: str, series: str, weight: float) -> pd.DataFrame:
+    """A long frame with its `value` smoothed per series (ema) and the raw values kept in `raw` (drawn faint);
+    without smoothing, unchanged (no raw column)."""
+    if weight <= 0 or df.empty:
         return df
     df = df.copy()
-    for c in columns:
-        if c in df:
-            df[c] = df[c].rolling(window, min_periods=1).mean()
+    df["raw"] = df[value]
+    df[value] = df.groupby(series, sort=False)[value].transform(lambda s: ema(s, weight)) if series else ema(
+        df[value], weight)
     return df
 
 
@@ -73,17 +114,29 @@ def fmt(x, spec: str = "{}") -> str:
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else spec.format(x)
 
 
+def duration(seconds: float) -> str:
+    seconds = max(0.0, float(seconds))
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
 # ----------------------------------------------------------------------------- Overview
 
 
-def reward_frame(steps: pd.DataFrame, evals: pd.DataFrame, window: int = 1) -> pd.DataFrame:
-    """(step, reward, series): fresh and batch reward per step (smoothed), and each evaluation's mean@k."""
-    train = long(smooth(steps, ["fresh_reward", "reward"], window), "step",
-                 {"fresh_reward": FRESH_REWARD, "reward": BATCH_REWARD}, "reward", "series")
+def reward_frame(steps: pd.DataFrame, evals: pd.DataFrame, weight: float = 0.0) -> pd.DataFrame:
+    """(step, reward, series[, raw]): fresh and batch reward per step (smoothed: raw kept), and each evaluation's
+    mean@k (never smoothed: few points)."""
+    train = smoothed(long(steps, "step", {"fresh_reward": FRESH_REWARD, "reward": BATCH_REWARD}, "reward", "series"),
+                     "reward", "series", weight)
     ev = evals[evals["metric"] == "mean@k"] if not evals.empty else evals
     if ev.empty:
         return train
     ev = pd.DataFrame({"step": ev["step"], "reward": ev["value"], "series": EVAL_PREFIX + ev["name"] + " mean@k"})
+    if "raw" in train:
+        ev["raw"] = ev["reward"]
     return pd.concat([train, ev], ignore_index=True)
 
 
@@ -96,13 +149,30 @@ def rollouts_frame(steps: pd.DataFrame) -> pd.DataFrame:
     return long(cum, "step", ROLLOUT_KINDS, "rollouts", "kind")
 
 
+def eta(steps: pd.DataFrame, total_steps, status: str, recent: int = 10) -> str | None:
+    """'ETA …' from the median time between the last `recent` step commits and the steps left; None when the run
+    is not running or nothing is left to estimate."""
+    if status != "running" or not total_steps or len(steps) < 2:
+        return None
+    left = int(total_steps) - int(steps["step"].iloc[-1])
+    gaps = steps["time"].diff().iloc[-recent:].dropna()
+    gaps = gaps[gaps > 0]
+    if left <= 0 or gaps.empty:
+        return None
+    per_step = float(gaps.median())
+    at = time.strftime("%H:%M", time.localtime(float(steps["time"].iloc[-1]) + left * per_step))
+    return (f"ETA <b id='eta'>{duration(left * per_step)}</b> (about {at}): {left} steps left at "
+            f"{per_step:.1f} s/step, the median of the last {len(gaps)}")
+
+
 def overview_text(run_label: str, meta: dict, config: dict, steps: pd.DataFrame, evals: pd.DataFrame) -> str:
+    label = html.escape(run_label)
     if steps.empty:
-        return f"**{run_label}** · status **{meta.get('status', '?')}** · no step recorded yet"
+        return f"**{label}** · status **{meta.get('status', '?')}** · no step recorded yet"
     last = steps.iloc[-1]
     total_rollouts = step_summary(steps)["rollouts"]
     seconds = float(steps[list(PHASES)].fillna(0).to_numpy().sum())
-    parts = [f"**{run_label}**", f"status **{meta.get('status', '?')}**",
+    parts = [f"**{label}**", f"status **{meta.get('status', '?')}**",
              f"algo {config.get('algo', '?')}", f"task {config.get('task', '?')}",
              f"B = {config.get('batch_size', fmt(last.get('batch_size')))}", f"G = {config.get('group_size', '?')}"]
     lines = [" · ".join(parts),
@@ -110,24 +180,178 @@ def overview_text(run_label: str, meta: dict, config: dict, steps: pd.DataFrame,
               f"rollouts: <b id='total-rollouts'>{total_rollouts}</b> · "
               f"fresh reward at last step: {fmt(last['fresh_reward'], '{:.3f}')} · "
               f"wall time recorded: {seconds / 60:.1f} min")]
+    if (e := eta(steps, config.get("steps"), meta.get("status", "?"))) is not None:
+        lines.append(e)
     if not evals.empty:
         e = evals[evals["metric"] == "mean@k"]
         if not e.empty:
             at = e["step"].max()
             lines.append("evaluation at step " + str(int(at)) + ": " + ", ".join(
-                f"{r.name} mean@k {r.value:.3f}" for r in e[e["step"] == at].itertuples()))
+                f"{html.escape(str(r.name))} mean@k {r.value:.3f}" for r in e[e["step"] == at].itertuples()))
     return "\n\n".join(lines)
 
 
-# ----------------------------------------------------------------------------- Batch composition
+# ----------------------------------------------------------------------------- chart building blocks
+
+
+def _base(title: str, height: int, layers: list[dict]) -> dict:
+    # no width: Gradio's frontend sizes a chart to its container; the empty top-level encoding keeps its theming
+    # away from the layers' colors; SVG so that marks are countable (tests) and crisp (screenshots). A transparent
+    # background: the page's (light or dark, Gradio follows the OS) shows through, and Gradio colours the text
+    # for that page. Gradio replaces `config`, so nothing here may rely on it.
+    return {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "title": title, "height": height,
+            "background": "transparent", "encoding": {}, "layer": layers,
+            "usermeta": {"embedOptions": {"renderer": "svg"}}}
+
+
+def _records(df: pd.DataFrame, cols) -> list[dict]:
+    """Rows as dicts for a chart's data, NaN and infinities as null, floats to 7 significant digits (a KL of 1e-6
+    keeps its digits). Through pandas' C JSON writer: a Python loop over every value costs more than the chart."""
+    out = df[list(cols)].replace([np.inf, -np.inf], np.nan)
+    return json.loads(out.to_json(orient="records", double_precision=7))
+
+
+def _step_axis(lo: float, hi: float) -> dict:
+    """An integer x-axis (steps): ticks only at whole numbers, at most one per step, so that a short run has no
+    repeated labels (a 'd' format alone rounds 1.5 to a second '2')."""
+    span = max(hi - lo, 0)
+    values = list(range(math.ceil(lo), math.floor(hi) + 1))
+    if span <= 12 and values:
+        return {"values": values, "format": "d"}
+    return {"tickMinStep": 1, "format": "d"}
+
+
+def thin(df: pd.DataFrame, x: str, ys, color: str | None, max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """At most about `max_points` points per series: beyond, the mean of each bucket of k consecutive x values
+    (the charts stay quick to draw and to move around in the browser)."""
+    ys = [ys] if isinstance(ys, str) else [y for y in ys if y in df]
+    if df.empty:
+        return df
+    n = df.groupby(color).size().max() if color else len(df)
+    k = math.ceil(n / max_points)
+    if k <= 1:
+        return df
+    keys = [color] if color else []
+    df = df.sort_values([*keys, x]).copy()
+    df["_b"] = df.groupby(keys).cumcount() // k if keys else pd.RangeIndex(len(df)) // k
+    return df.groupby([*keys, "_b"], as_index=False, sort=False).agg({x: "mean", **{y: "mean" for y in ys}})
+
+
+def hover_table(df: pd.DataFrame, x: str, y: str, color: str | None, order: list[str]) -> pd.DataFrame:
+    """One row per x the crosshair can stop at, a column s0, s1, ... per series (in `order`): its value there,
+    linearly interpolated between its own points when series have different x (e.g. rollouts of two runs)."""
+    if df.empty:
+        return pd.DataFrame(columns=[x])
+    if not color:
+        return df[[x, y]].rename(columns={y: "s0"}).sort_values(x)
+    wide = df.pivot_table(index=x, columns=color, values=y, aggfunc="last").reindex(columns=order).sort_index()
+    wide = wide.interpolate(method="index", limit_area="inside")
+    if len(wide) > MAX_HOVER:
+        wide = wide.iloc[np.unique(np.linspace(0, len(wide) - 1, MAX_HOVER).round().astype(int))]
+    wide.columns = [f"s{i}" for i in range(len(order))]
+    return wide.reset_index()
+
+
+def empty_spec(title: str, height: int, text: str = "not recorded in this run") -> dict:
+    """A chart with nothing to draw: its title and a line saying so, at the full width (a chart without data
+    would shrink to nothing and clip its title)."""
+    hidden = {"type": "quantitative", "scale": {"domain": [0, 1]}, "axis": None}
+    return _base(title, height, [{"data": {"values": [{"text": text}]},
+                                  "mark": {"type": "text", "color": NEUTRAL, "fontSize": 13},
+                                  "encoding": {"x": {**hidden, "datum": 0.5}, "y": {**hidden, "datum": 0.5},
+                                               "text": {"field": "text"}}}])
+
+
+def line_spec(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, height: int,
+              x_title: str | None = None, y_title: str | None = None, y_domain=None, zero: bool = False,
+              points: bool = False, integer_x: bool = True, colors: dict[str, str] | None = None) -> dict:
+    """Lines (one per `color` value, in order of first appearance), interactive (see the module docstring); a
+    `raw` column in `df` is drawn faint under its smoothed line. `colors` fixes the colour of given values.
+    points=True: a scatter with a tooltip per point (few points)."""
+    if df.empty:
+        return empty_spec(title, height)
+    order = list(dict.fromkeys(df[color])) if color else []  # legend: order of appearance
+    raw = "raw" if "raw" in df else None
+    df = thin(df, x, [y, *([raw] if raw else [])], color) if not points else df
+    x_title, y_title = x_title or x, y_title or y
+    xs = {"field": x, "type": "quantitative", "title": x_title, "scale": {"zero": False, "nice": False}}
+    if integer_x and not df.empty:
+        xs["axis"] = _step_axis(float(df[x].min()), float(df[x].max()))
+    ys = {"field": y, "type": "quantitative", "title": y_title, "scale": {"zero": zero}}
+    if y_domain:
+        ys["scale"]["domain"] = list(y_domain)
+    col = {}
+    if color:
+        scale = {"domain": order, **({"range": [colors.get(o, NEUTRAL) for o in order]} if colors else {})}
+        col = {"color": {"field": color, "type": "nominal", "title": None, "legend": {"orient": "bottom"},
+                         "scale": scale}}
+    data_ = {"values": _records(df, [c for c in (x, y, raw, color) if c])}
+    x_tip = {"field": x, "type": "quantitative", "title": x_title, "format": ",.6~g"}
+    if points:
+        if not df.empty:  # half a step of room: a point at the first or last step is not cut in half
+            xs["scale"]["domain"] = [float(df[x].min()) - 0.5, float(df[x].max()) + 0.5]
+        tip = [x_tip, {"field": y, "type": "quantitative", "title": y_title, "format": ".4~g"},
+               *([{"field": color, "type": "nominal", "title": " "}] if color else [])]
+        return _base(title, height, [{"data": data_, "mark": {"type": "circle", "size": 45, "opacity": 0.85,
+                                                               "strokeWidth": 0},
+                                      "encoding": {"x": xs, "y": ys, **col, "tooltip": tip}}])
+    picked = {"param": "legend", "empty": True}
+    layers = []
+    if raw:
+        layers.append({"data": data_, "mark": {"type": "line", "strokeWidth": 1, "clip": True},
+                       "encoding": {"x": xs, "y": {**ys, "field": raw}, **col,
+                                    "opacity": {"condition": {**picked, "value": 0.28}, "value": 0.05}}})
+    layers.append({"data": data_, "mark": {"type": "line", "strokeWidth": 1.8, "clip": True},
+                   "params": [{"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"},
+                              *([{"name": "legend", "select": {"type": "point", "fields": [color], "toggle": "true"},
+                                  "bind": "legend"}] if color else [])],
+                   "encoding": {"x": xs, "y": ys, **col,
+                                **({"opacity": {"condition": {**picked, "value": 1}, "value": 0.15}}
+                                   if color else {})}})
+    # the crosshair: a rule at the x nearest the pointer (invisible elsewhere) whose tooltip lists every series
+    hover = hover_table(df, x, y, color, order)
+    names = order or [y_title]
+    tips = [x_tip, *({"field": f"s{i}", "type": "quantitative", "title": n, "format": ".4~g"}
+                     for i, n in enumerate(names))]
+    layers.append({"data": {"values": _records(hover, hover.columns)},
+                   "params": [{"name": "hover", "select": {"type": "point", "fields": [x], "nearest": True,
+                                                           "on": "pointerover", "clear": "pointerout"}}],
+                   "mark": {"type": "rule", "strokeWidth": 1, "color": NEUTRAL},
+                   "encoding": {"x": xs, "opacity": {"condition": {"param": "hover", "empty": False, "value": 0.7},
+                                                     "value": 0}, "tooltip": tips}})
+    dots = hover.melt(id_vars=x, var_name="_s", value_name=y).dropna(subset=[y])
+    dots["_s"] = dots["_s"].map({f"s{i}": n for i, n in enumerate(names)})
+    layers.append({"data": {"values": _records(dots.rename(columns={"_s": color or "_s"}), [x, y, color or "_s"])},
+                   "transform": [{"filter": {"param": "hover", "empty": False}}],
+                   "mark": {"type": "circle", "size": 40, "opacity": 1, "clip": True},
+                   "encoding": {"x": xs, "y": ys, **col}})
+    return _base(title, height, layers)
+
+
+def bar_spec(df: pd.DataFrame, x: str, y: str, title: str, height: int, color: str = "#4c78a8") -> dict:
+    """One bar per `x` category, in the frame's order, from 0. A `key` column goes into each bar's description
+    (what a click on it opens: app/dashboard.py, click-through)."""
+    top = float(df[y].max()) if not df.empty else 0
+    enc = {"x": {"field": x, "type": "ordinal", "sort": list(df[x]), "title": x, "axis": {"labelAngle": 0}},
+           "y": {"field": y, "type": "quantitative", "title": y, "scale": {"domain": [0, nice_max(top)]}},
+           "tooltip": [{"field": x}, {"field": y, "type": "quantitative"}]}
+    mark = {"type": "bar", "color": color, "strokeWidth": 0}
+    if "key" in df:
+        enc["description"] = {"field": "key"}
+        mark["cursor"] = "pointer"
+    return _base(title, height, [{"data": {"values": _records(df, [c for c in (x, y, "key") if c in df])},
+                                  "mark": mark, "encoding": enc}])
 
 
 def stacked_spec(wide: pd.DataFrame, series: dict[str, str], colors: list[str], title: str, y_title: str,
-                 height: int, line: tuple[str, str] | None = None, max_bars: int = MAX_BARS) -> dict:
+                 height: int, line: tuple[str, str] | None = None, max_bars: int = MAX_BARS,
+                 keys: dict[str, str] | None = None, y_format: str = ".4~g") -> dict:
     """A Vega-Lite chart of one stacked bar per step: the `series` columns of `wide` (column -> legend label)
     stacked in that order from the bottom, and optionally `line` = (column, label) drawn as a dashed level over
     each bar. Native Gradio bar plots stack in label order and cannot overlay a line. Beyond `max_bars` steps,
-    each bar is the mean of k consecutive steps (said in the title): fewer marks keep the browser quick."""
+    each bar is the mean of k consecutive steps (said in the title): fewer marks keep the browser quick.
+    `keys` (column -> a name): each bar segment carries `key` = "name@first-last" in its description, which the
+    page reads when it is clicked (app/dashboard.py, click-through)."""
     labels = list(series.values())
     bars, level = [], []
     cols = [c for c in series if c in wide.columns]
@@ -148,24 +372,30 @@ def stacked_spec(wide: pd.DataFrame, series: dict[str, str], colors: list[str], 
             if n is None or pd.isna(n) or not n:
                 continue
             n = float(n)
-            bars.append({"step": span, "x0": first - 0.45, "x1": last + 0.45, "y0": y, "y1": y + n,
-                         "series": series[c], "value": round(n, 4)})
+            bar = {"step": span, "x0": first - 0.45, "x1": last + 0.45, "y0": y, "y1": y + n,
+                   "series": series[c], "value": round(n, 4)}
+            if keys and c in keys:
+                bar["key"] = f"{keys[c]}@{first}-{last}"
+            bars.append(bar)
             y += n
         if line and not pd.isna(v := getattr(r, line[0])):
             level += [{"step": span, "x": first - 0.5, "level": float(v)}, {"step": span, "x": last + 0.5, "level": float(v)}]
     top = max([b["y1"] for b in bars] + [v["level"] for v in level] + [0])
     lo, hi = (int(wide["first"].min()), int(wide["last"].max())) if len(wide) else (0, 1)
-    x = {"type": "quantitative", "title": "step", "axis": {"tickMinStep": 1, "format": "d"},
+    x = {"type": "quantitative", "title": "step", "axis": _step_axis(lo, hi),
          "scale": {"domain": [lo - 0.5, hi + 0.5], "nice": False, "zero": False}}
-    domain, rng = labels + ([line[1]] if line else []), colors[:len(labels)] + (["#222222"] if line else [])
+    domain, rng = labels + ([line[1]] if line else []), colors[:len(labels)] + ([NEUTRAL] if line else [])
     color = {"type": "nominal", "title": None, "legend": {"orient": "bottom"}, "scale": {"domain": domain, "range": rng}}
-    layers = [{"data": {"values": bars}, "mark": {"type": "rect", "strokeWidth": 0},
-               "encoding": {"x": {**x, "field": "x0"}, "x2": {"field": "x1"},
-                            "y": {"field": "y0", "type": "quantitative", "title": y_title,
-                                  "scale": {"domain": [0, nice_max(top)]}},
-                            "y2": {"field": "y1"}, "color": {**color, "field": "series"},
-                            "tooltip": [{"field": "step"}, {"field": "series", "title": " "},
-                                        {"field": "value", "type": "quantitative", "title": y_title}]}}]
+    enc = {"x": {**x, "field": "x0"}, "x2": {"field": "x1"},
+           "y": {"field": "y0", "type": "quantitative", "title": y_title, "scale": {"domain": [0, nice_max(top)]}},
+           "y2": {"field": "y1"}, "color": {**color, "field": "series"},
+           "tooltip": [{"field": "step"}, {"field": "series", "title": " "},
+                       {"field": "value", "type": "quantitative", "title": y_title, "format": y_format}]}
+    mark = {"type": "rect", "strokeWidth": 0}
+    if keys:
+        enc["description"] = {"field": "key"}
+        mark["cursor"] = "pointer"
+    layers = [{"data": {"values": bars}, "mark": mark, "encoding": enc}]
     if line:
         layers.append({"data": {"values": level}, "mark": {"type": "line", "strokeDash": [5, 3], "strokeWidth": 1.5},
                        "encoding": {"x": {**x, "field": "x"}, "y": {"field": "level", "type": "quantitative"},
@@ -175,86 +405,16 @@ def stacked_spec(wide: pd.DataFrame, series: dict[str, str], colors: list[str], 
     return _base(title, height, layers)
 
 
-def _base(title: str, height: int, layers: list[dict]) -> dict:
-    # no width: Gradio's frontend sizes a chart to its container; the empty top-level encoding keeps its theming
-    # away from the layers' colors; SVG so that marks are countable (tests) and crisp (screenshots)
-    return {"$schema": "https://vega.github.io/schema/vega-lite/v5.json", "title": title, "height": height,
-            "encoding": {}, "layer": layers, "usermeta": {"embedOptions": {"renderer": "svg"}}}
-
-
-def _records(df: pd.DataFrame, cols) -> list[dict]:
-    out = df[list(cols)].copy()
-    for c in out.columns:
-        if pd.api.types.is_float_dtype(out[c]):
-            out[c] = out[c].round(5)
-    return [{k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in r.items()}
-            for r in out.astype(object).to_dict("records")]
-
-
-def thin(df: pd.DataFrame, x: str, y: str, color: str | None, max_points: int = MAX_POINTS) -> pd.DataFrame:
-    """At most about `max_points` points per series: beyond, the mean of each bucket of k consecutive x values
-    (the charts stay quick to draw and to move around in the browser)."""
-    if df.empty:
-        return df
-    n = df.groupby(color).size().max() if color else len(df)
-    k = math.ceil(n / max_points)
-    if k <= 1:
-        return df
-    keys = [color] if color else []
-    df = df.sort_values([*keys, x]).copy()
-    df["_b"] = df.groupby(keys).cumcount() // k if keys else pd.RangeIndex(len(df)) // k
-    return df.groupby([*keys, "_b"], as_index=False, sort=False).agg({x: "mean", y: "mean"})
-
-
-def line_spec(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, height: int,
-              x_title: str | None = None, y_title: str | None = None, y_domain=None, zero: bool = False,
-              points: bool = False, integer_x: bool = True, colors: dict[str, str] | None = None) -> dict:
-    """Lines (one per `color` value, in order of first appearance), with a tooltip on every point; `colors` fixes
-    the colour of given values."""
-    order = list(dict.fromkeys(df[color])) if color and not df.empty else []  # legend: order of appearance
-    df = thin(df, x, y, color) if not points else df
-    xs = {"field": x, "type": "quantitative", "title": x_title or x, "scale": {"zero": False, "nice": False}}
-    if integer_x:
-        xs["axis"] = {"tickMinStep": 1, "format": "d"}
-    ys = {"field": y, "type": "quantitative", "title": y_title or y, "scale": {"zero": zero}}
-    if y_domain:
-        ys["scale"]["domain"] = list(y_domain)
-    enc = {"x": xs, "y": ys, "tooltip": [{"field": x, "type": "quantitative", "title": x_title or x},
-                                         {"field": y, "type": "quantitative", "title": y_title or y, "format": ".4~g"}]}
-    if color:
-        scale = {"domain": order, **({"range": [colors.get(o, "#888888") for o in order]} if colors else {})}
-        enc["color"] = {"field": color, "type": "nominal", "title": None, "legend": {"orient": "bottom"},
-                        "scale": scale}
-        enc["tooltip"].append({"field": color, "type": "nominal", "title": " "})
-    data_ = {"values": _records(df, [c for c in (x, y, color) if c])}
-    if points:
-        layers = [{"data": data_, "mark": {"type": "circle", "size": 45, "opacity": 0.85, "strokeWidth": 0},
-                   "encoding": enc}]
-    else:
-        layers = [{"data": data_, "mark": {"type": "line", "strokeWidth": 1.6},
-                   "encoding": {k: v for k, v in enc.items() if k != "tooltip"}}]
-        if len(df) <= MAX_TOOLTIPS:  # invisible points that carry the tooltips (one SVG mark each: not for big plots)
-            layers.append({"data": data_, "mark": {"type": "circle", "size": 40, "opacity": 0, "strokeWidth": 0},
-                           "encoding": enc})
-    return _base(title, height, layers)
-
-
-def bar_spec(df: pd.DataFrame, x: str, y: str, title: str, height: int, color: str = "#4c78a8") -> dict:
-    """One bar per `x` category, in the frame's order, from 0."""
-    top = float(df[y].max()) if not df.empty else 0
-    enc = {"x": {"field": x, "type": "ordinal", "sort": list(df[x]), "title": x, "axis": {"labelAngle": 0}},
-           "y": {"field": y, "type": "quantitative", "title": y, "scale": {"domain": [0, nice_max(top)]}},
-           "tooltip": [{"field": x}, {"field": y, "type": "quantitative"}]}
-    return _base(title, height, [{"data": {"values": _records(df, [x, y])},
-                                  "mark": {"type": "bar", "color": color, "strokeWidth": 0}, "encoding": enc}])
+# ----------------------------------------------------------------------------- Batch composition
 
 
 def composition_spec(steps: pd.DataFrame, height: int = 200) -> dict:
-    """|X1|, |X2|, |X3| per step, stacked in that order from the bottom, against the configured B (dashed)."""
+    """|X1|, |X2|, |X3| per step, stacked in that order from the bottom, against the configured B (dashed). A click
+    on a segment opens its prompts (key = the subset)."""
     batch = (X1, X2, X3)  # the step columns x1, x2, x3 count the groups of the subsets of those names
     return stacked_spec(steps, {s: SUBSET_LABELS[s] for s in batch}, [SUBSET_COLORS[s] for s in batch],
                         "Batch composition: |X1| + |X2| + |X3| against the configured B", "groups", height,
-                        line=("batch_size", B_LINE))
+                        line=("batch_size", B_LINE), keys={s: s for s in batch})
 
 
 def bin_colors(G: int) -> list[str]:
@@ -270,13 +430,15 @@ def bin_colors(G: int) -> list[str]:
 
 
 def fresh_bins_spec(steps: pd.DataFrame, G: int, height: int = 200) -> dict:
-    """Fresh groups (kept or filtered) per accuracy bin 0/G..G/G at each step, stacked with 0/G at the bottom."""
+    """Fresh groups (kept or filtered) per accuracy bin 0/G..G/G at each step, stacked with 0/G at the bottom.
+    A click on a segment opens its prompts (key = bin<i>)."""
     labels = bin_labels(G)
     wide = pd.DataFrame([[s, *((list(b) if b else []) + [0] * (G + 1))[:G + 1]]
                          for s, b in zip(steps["step"], steps["bins"])], columns=["step", *map(str, range(G + 1))])
     wide.columns = ["step", *(f"b{i}" for i in range(G + 1))]
     return stacked_spec(wide, {f"b{i}": labels[i] for i in range(G + 1)}, bin_colors(G),
-                        "Fresh groups by accuracy bin (correct / G)", "groups", height)
+                        "Fresh groups by accuracy bin (correct / G)", "groups", height,
+                        keys={f"b{i}": f"bin{i}" for i in range(G + 1)})
 
 
 def time_spec(steps: pd.DataFrame, height: int = 200) -> dict:
@@ -302,7 +464,48 @@ def batch_text(steps: pd.DataFrame) -> str:
             f"|X2| = <b id='batch-x2'>{n('x2')}</b>, |X3| = <b id='batch-x3'>{n('x3')}</b> of "
             f"B = <b id='batch-b'>{n('batch_size')}</b> · |B_bad| = {n('bad_size')}, |B_high| = {n('high_size')} · "
             f"c2 = {fmt(r['c2'], '{:.3f}')}, c3 = {fmt(r['c3'], '{:.3f}')} · "
-            f"steps with X2: {s['steps_with_x2']}, with X3: {s['steps_with_x3']}")
+            f"steps with X2: {s['steps_with_x2']}, with X3: {s['steps_with_x3']} · "
+            f"click a bar to open its prompts")
+
+
+# ----------------------------------------------------------------------------- Training health
+
+
+def health_frames(metrics: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
+    """(title, long frame (step, value, series)) per HEALTH chart, from the table of every per-step metric
+    (Run.metrics()); the derived staleness is added here."""
+    if STALENESS not in metrics and {"policy_version", "rollout_version"} <= set(metrics):
+        metrics = metrics.assign(**{STALENESS: metrics["policy_version"] - metrics["rollout_version"]})
+    return [(title, long(metrics, "step", cols, "value", "series")) for title, cols in HEALTH]
+
+
+def other_metrics(metrics: pd.DataFrame) -> list[str]:
+    """The per-step metrics that no Training-health chart shows (a backend's own, the batch counters...)."""
+    shown = {c for _, cols in HEALTH for c in cols} | {"step", "time", "policy_version", "rollout_version"}
+    return [c for c in metrics.columns if c not in shown]
+
+
+def verdict_spec(verdicts: pd.DataFrame, height: int) -> dict:
+    """Share of the responses scored at each step per verifier verdict, stacked (correct at the bottom)."""
+    if verdicts.empty:
+        wide = pd.DataFrame(columns=["step"])
+    else:
+        wide = verdicts.pivot_table(index="step", columns="verdict", values="count", aggfunc="sum", fill_value=0)
+        wide = wide.div(wide.sum(axis=1).clip(lower=1), axis=0).reset_index()
+    names = [v for v in VERDICT_COLORS if v in wide]
+    names += sorted(c for c in wide if c not in VERDICT_COLORS and c != "step")
+    return stacked_spec(wide, {v: v for v in names}, [VERDICT_COLORS.get(v, NEUTRAL) for v in names],
+                        "Verifier verdicts (share of the responses scored)", "share", height, y_format=".1%")
+
+
+def verdict_text(verdicts: pd.DataFrame) -> str:
+    if verdicts.empty:
+        return "no verifier verdicts recorded"
+    total = verdicts.groupby("verdict")["count"].sum()
+    n = int(total.sum())
+    return "verdicts over the run: " + " · ".join(
+        f"{v} <b id='verdicts-{html.escape(str(v))}'>{int(k)}</b> ({100 * k / max(n, 1):.1f} %)"
+        for v, k in total.sort_values(ascending=False).items())
 
 
 # ----------------------------------------------------------------------------- Hard-problem ledger
@@ -321,32 +524,48 @@ def ledger_curve(ledger: pd.DataFrame, steps: pd.Series) -> pd.DataFrame:
 
 
 def ledger_text(ledger: pd.DataFrame, G: int) -> str:
+    """The ledger's counts, with the one that makes runs comparable: of the hard prompts generated again later
+    (retried), how many were solved. 'Solved % of all' also counts prompts never tried again, which no run can
+    solve; a run that never re-generates a prompt (GRPO) has 0 there by construction."""
     n, k, frac = ledger_counts(ledger)
-    return (f"Prompts that were 0/{G} the first time they were generated for: <b id='ledger-hard'>{n}</b> · "
-            f"later reached ≥ 1/{G}: <b id='ledger-solved'>{k}</b> "
-            f"(<b id='ledger-fraction'>{100 * frac:.1f}</b> %)")
+    retried, solved_r, frac_r = retry_counts(ledger)
+    mean_retries = float(ledger.loc[ledger["retries"] > 0, "retries"].mean()) if retried else 0.0
+    text = (f"Prompts that were 0/{G} the first time they were generated for: <b id='ledger-hard'>{n}</b> · "
+            f"generated again later (retried): <b id='ledger-retried'>{retried}</b> "
+            f"({fmt(100 * retried / n if n else None, '{:.1f}')} %, {mean_retries:.1f} retries each on average) · "
+            f"later reached ≥ 1/{G}: <b id='ledger-solved'>{k}</b>\n\n"
+            f"solved % of all: <b id='ledger-fraction'>{100 * frac:.1f}</b> % · "
+            f"solved % of retried: <b id='ledger-retried-fraction'>{fmt(100 * frac_r if retried else None, '{:.1f}')}"
+            f"</b> %")
+    if n and not retried:
+        text += (" · <b id='ledger-never'>this run never generated a hard prompt again</b>: its solved count is 0 by "
+                 "construction, not a measure of learning")
+    elif n - retried:
+        text += f" · {n - retried} hard prompt(s) were never generated again (no chance to be solved)"
+    return text
+
+
+LEDGER_SOLVED, LEDGER_RETRIED, LEDGER_NEVER, LEDGER_ALL = (
+    "solved later", "retried, not solved", "never retried", "all")
+LEDGER_FILTERS = (LEDGER_SOLVED, LEDGER_RETRIED, LEDGER_NEVER, LEDGER_ALL)
 
 
 def ledger_table(ledger: pd.DataFrame, which: str, limit: int) -> tuple[pd.DataFrame, int]:
-    """The ledger's prompts as a table (uid, first seen, first solved, steps to solve), most recent first;
-    `which` in LEDGER_FILTERS. Returns (at most `limit` rows, how many matched)."""
-    df = ledger
-    if which == "solved later":
-        df = df[df["first_solved"].notna()].sort_values(["first_solved", "uid"], ascending=[False, True])
-    elif which == "not solved yet":
-        df = df[df["first_solved"].isna()].sort_values(["first_seen", "uid"], ascending=[False, True])
-    else:
-        df = df.sort_values(["first_seen", "uid"], ascending=[False, True])
+    """The ledger's prompts as a table (uid, first seen, retries, first solved, steps to solve), most recent
+    first; `which` in LEDGER_FILTERS. Returns (at most `limit` rows, how many matched)."""
+    solved = ledger["first_solved"].notna()
+    picks = {LEDGER_SOLVED: (solved, "first_solved"), LEDGER_RETRIED: (~solved & (ledger["retries"] > 0), "first_seen"),
+             LEDGER_NEVER: (ledger["retries"] == 0, "first_seen"), LEDGER_ALL: (solved | ~solved, "first_seen")}
+    rows, by = picks[which]
+    df = ledger[rows].sort_values([by, "uid"], ascending=[False, True])
     total = len(df)
     df = df.head(limit)
     out = pd.DataFrame({"uid": df["uid"], "first seen": df["first_seen"].astype(int),
+                        "retries": df["retries"].astype(int),
                         "first solved": df["first_solved"].map(lambda v: "" if pd.isna(v) else int(v)),
                         "steps to solve": (df["first_solved"] - df["first_seen"]).map(
                             lambda v: "" if pd.isna(v) else int(v))})
     return out.reset_index(drop=True), total
-
-
-LEDGER_FILTERS = ("solved later", "not solved yet", "all")
 
 
 # ----------------------------------------------------------------------------- Accuracy bins and migration
@@ -358,29 +577,43 @@ def histogram_frame(bins: list[int], G: int) -> pd.DataFrame:
     return pd.DataFrame({"bin": labels, "prompts": counts[:G + 1]})
 
 
-def matrix_frame(m: list[list[int]], G: int) -> pd.DataFrame:
-    """The migration matrix as a table: first column the row's bin (at the first step), one column per bin."""
+CELLS_COUNT, CELLS_ROW = "counts", "row %"
+CELLS = (CELLS_COUNT, CELLS_ROW)
+MATRIX_CORNER = "from \\ to"
+
+
+def matrix_frame(m: list[list[int]], G: int, cells: str = CELLS_COUNT) -> pd.DataFrame:
+    """The migration matrix as a table: first column the row's bin (at the first step), one column per bin;
+    cells=row %: each row as percentages of its prompts (so a row of few prompts reads as well as a large one)."""
     labels = bin_labels(G)
-    if not m:
-        m = [[0] * (G + 1) for _ in range(G + 1)]
-    df = pd.DataFrame(m, columns=labels)
-    df.insert(0, "from \\ to", labels)
+    a = np.array(m if m else [[0] * (G + 1) for _ in range(G + 1)], dtype=float)
+    if cells == CELLS_ROW:
+        a = np.round(100 * a / np.maximum(a.sum(axis=1, keepdims=True), 1), 1)
+        df = pd.DataFrame(a, columns=labels)
+    else:
+        df = pd.DataFrame(a.astype(int), columns=labels)
+    df.insert(0, MATRIX_CORNER, labels)
     return df
 
 
 def matrix_style(df: pd.DataFrame):
-    """Shade each cell by its count (white -> blue), diagonal cells outlined: a heat map that stays a table."""
-    values = df.iloc[:, 1:]
-    top = max(int(values.to_numpy().max()) if values.size else 0, 1)
+    """Shade each cell by its share of its row (light -> dark blue), so one big cell does not wash out the rest;
+    opaque colours with a text colour to match read on a light and a dark page. Diagonal cells in bold."""
+    values = df.iloc[:, 1:].to_numpy(dtype=float)
+    share = values / np.maximum(values.sum(axis=1, keepdims=True), 1e-12)
+    lo, hi = np.array([236, 242, 250]), np.array([31, 74, 128])
 
     def shade(col):
+        j = df.columns.get_loc(col.name) - 1
         out = []
         for i, v in enumerate(col):
-            a = v / top
-            css = f"background-color: rgba(76, 120, 168, {0.08 + 0.8 * a:.2f}); color: {'white' if a > 0.55 else 'black'}"
-            if df.columns.get_loc(col.name) - 1 == i:
-                css += "; font-weight: bold"
-            out.append(css if v else "")
+            if not v:
+                out.append("")
+                continue
+            a = share[i, j]
+            rgb = (lo + (hi - lo) * (0.15 + 0.85 * a)).round().astype(int)
+            css = f"background-color: rgb({rgb[0]}, {rgb[1]}, {rgb[2]}); color: {'white' if a > 0.45 else 'black'}"
+            out.append(css + ("; font-weight: bold" if i == j else ""))
         return out
 
     return df.style.apply(shade, subset=list(df.columns[1:]))
@@ -411,52 +644,115 @@ def history_table(history: pd.DataFrame) -> pd.DataFrame:
 
 
 def prompt_text(detail: dict) -> str:
+    """The prompt as HTML. Its text, answer and uid are data from the task and may hold anything (``` fences,
+    <img> tags): each is escaped, never interpreted as Markdown or HTML."""
+    esc = lambda v: html.escape(str(v), quote=True)
     if not detail["found"]:
-        return f"no prompt with uid `{detail['uid']}` in this run"
+        return f"<p>no prompt with uid <code>{esc(detail['uid'])}</code> in this run</p>"
     text = detail["text"] if detail["text"] is not None else "(text not recorded)"
     h = detail["history"]
     gen = h[h["subset"].isin(GENERATED)]
     seen = (f"generated for at {gen['step'].nunique()} step(s), replayed (X3) at "
             f"{int((h['subset'] == X3).sum())}") if not h.empty else "never seen in training yet"
-    return (f"**uid** `{detail['uid']}` · {seen}\n\n```text\n{text}\n```\n\n**answer** `{detail['answer']}`")
+    return (f"<p><b>uid</b> <code>{esc(detail['uid'])}</code> · {seen}</p>"
+            f"<pre class='prompt-body' style='white-space: pre-wrap'>{esc(text)}</pre>"
+            f"<p><b>answer</b> <code>{esc(detail['answer'])}</code></p>")
+
+
+def no_match_text(query: str) -> str:
+    return f"<p id='prompt-none'>no prompt matches <code>{html.escape(query)}</code> (by uid or text)</p>"
+
+
+def list_text(what: str, n: int, shown: int) -> str:
+    more = f", the first {shown} listed" if n > shown else ""
+    return (f"<p id='prompt-list'>{html.escape(what)}: <b id='prompt-list-n'>{n}</b> prompt(s){more} "
+            f"(pick one above)</p>")
 
 
 # ----------------------------------------------------------------------------- Compare runs
 
+X_STEP, X_ROLLOUTS, X_WALL = "step", "rollouts generated", "wall time (min)"
+X_AXES = (X_STEP, X_ROLLOUTS, X_WALL)
+SOLVED_METRIC = "hard prompts solved later (cumulative)"
 
-def compare_frames(runs: dict[str, tuple], metric: str, window: int = 1):
-    """runs: {label: (steps, evals, ledger)} -> (metric per step with the rollouts generated so far: step, value,
-    rollouts, run; hard problems solved so far per step: step, prompts, run; a summary row per run)."""
-    curves, solved, rows = [], [], []
-    for label, (steps, evals, ledger) in runs.items():
-        if steps.empty:
+
+def compare_metrics(metrics_by_run: dict[str, pd.DataFrame], evals_by_run: dict[str, pd.DataFrame]) -> list[str]:
+    """Every metric any of the runs recorded: the per-step ones (rewards first), eval '<set> <metric>', and the
+    ledger's cumulative solved count."""
+    first = ["fresh_reward", "reward"]
+    seen = dict.fromkeys(first)
+    for m in metrics_by_run.values():
+        seen.update(dict.fromkeys(c for c in m.columns if c not in ("step", "time")))
+    evals = dict.fromkeys(f"{EVAL_PREFIX}{n} {k}" for e in evals_by_run.values() if not e.empty
+                          for n, k in zip(e["name"], e["metric"]))
+    return [*seen, *evals, SOLVED_METRIC]
+
+
+def wall_minutes(metrics: pd.DataFrame, started: float | None) -> pd.Series:
+    """Minutes since the run started (meta created_at; else the first step's commit less its recorded time)."""
+    t = metrics["time"].astype(float)
+    if started is None:
+        first = sum(float(metrics[c].iloc[0]) for c in PHASES if c in metrics and pd.notna(metrics[c].iloc[0]))
+        started = float(t.iloc[0]) - first
+    return (t - started) / 60
+
+
+def compare_frame(runs: dict[str, dict], metric: str, x_axis: str) -> pd.DataFrame:
+    """runs: {label: {"metrics", "evals", "ledger", "started"}} -> (x, value, run) of `metric` for each run that
+    recorded it, x on `x_axis` (X_AXES)."""
+    out = []
+    for label, r in runs.items():
+        m = r["metrics"]
+        if m.empty:
             continue
-        cum = steps["rollouts"].fillna(0).cumsum()
-        if metric in (FRESH_REWARD, BATCH_REWARD):
-            col = "fresh_reward" if metric == FRESH_REWARD else "reward"
-            y = smooth(steps, [col], window)[col]
-            df = pd.DataFrame({"step": steps["step"], "value": y, "rollouts": cum})
-        else:  # evaluation: mean of the sets' mean@k at each evaluated step
-            e = evals[evals["metric"] == "mean@k"]
-            e = e[~e["name"].str.endswith("/average")] if (~e["name"].str.endswith("/average")).any() else e
-            e = e.groupby("step", as_index=False)["value"].mean()
-            # rollouts generated by the last training step at or before each evaluation
-            i = np.searchsorted(steps["step"].to_numpy(), e["step"].to_numpy(), side="right") - 1
-            df = pd.DataFrame({"step": e["step"], "value": e["value"],
-                               "rollouts": np.where(i >= 0, cum.to_numpy()[np.maximum(i, 0)], 0)})
-        df["run"] = label
-        curves.append(df)
-        curve = ledger_curve(ledger, steps["step"])
-        curve = curve[curve["series"] == HARD_SOLVED].assign(run=label)
-        solved.append(curve[["step", "prompts", "run"]])
-        s = summary(steps, ledger)
+        xs = {X_STEP: m["step"].astype(float), X_ROLLOUTS: m["rollouts"].fillna(0).cumsum() if "rollouts" in m else
+              pd.Series(np.nan, index=m.index), X_WALL: wall_minutes(m, r.get("started"))}[x_axis]
+        if metric == SOLVED_METRIC:
+            curve = ledger_curve(r["ledger"], m["step"])
+            ys = curve[curve["series"] == HARD_SOLVED].set_index("step")["prompts"].reindex(m["step"]).to_numpy()
+            df = pd.DataFrame({"x": xs.to_numpy(), "value": ys})
+        elif metric.startswith(EVAL_PREFIX) and metric not in m:
+            e = r["evals"]
+            e = e[(EVAL_PREFIX + e["name"] + " " + e["metric"]) == metric]
+            if e.empty:
+                continue
+            # an evaluation sits at the x of the last training step at or before it
+            i = np.searchsorted(m["step"].to_numpy(), e["step"].to_numpy(), side="right") - 1
+            df = pd.DataFrame({"x": np.where(i >= 0, xs.to_numpy()[np.maximum(i, 0)], 0.0),
+                               "value": e["value"].to_numpy()})
+        elif metric in m:
+            df = pd.DataFrame({"x": xs.to_numpy(), "value": pd.to_numeric(m[metric], errors="coerce").to_numpy()})
+        else:
+            continue
+        out.append(df.dropna().assign(run=label))
+    return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["x", "value", "run"])
+
+
+def compare_table(runs: dict[str, dict]) -> pd.DataFrame:
+    """A summary row per run: size, reward early and late, and the ledger with its retries (comparable)."""
+    rows = []
+    for label, r in runs.items():
+        s = summary(r["steps"], r["ledger"])
+        retried, solved_r, frac_r = retry_counts(r["ledger"])
         rows.append({"run": label, "steps": s["last_step"], "rollouts": s["rollouts"],
                      "fresh reward, first 20 %": _round(s["fresh_reward_first"], 4),
                      "fresh reward, last 20 %": _round(s["fresh_reward_last"], 4),
-                     "hard (0/G at first)": s["first_unsolved"], "later solved": s["later_solved"],
-                     "solved %": round(100 * s["later_solved_fraction"], 1)})
-    cat = lambda xs, cols: pd.concat(xs, ignore_index=True) if xs else pd.DataFrame(columns=cols)
-    return cat(curves, ["step", "value", "rollouts", "run"]), cat(solved, ["step", "prompts", "run"]), pd.DataFrame(rows)
+                     "hard (0/G at first)": s["first_unsolved"], "retried": retried,
+                     "later solved": s["later_solved"],
+                     "solved % of all": round(100 * s["later_solved_fraction"], 1),
+                     "solved % of retried": round(100 * frac_r, 1) if retried else None})
+    cols = ["run", "steps", "rollouts", "fresh reward, first 20 %", "fresh reward, last 20 %", "hard (0/G at first)",
+            "retried", "later solved", "solved % of all", "solved % of retried"]
+    return pd.DataFrame(rows, columns=cols)
 
 
-COMPARE_METRICS = (FRESH_REWARD, BATCH_REWARD, "eval mean@k (mean over sets)")
+def compare_notes(table: pd.DataFrame, errors: dict[str, str]) -> str:
+    """What the comparison cannot show as numbers: runs that could not be read, and runs that never generate a
+    hard prompt again (their 'later solved' is 0 by construction, not comparable with a run that retries)."""
+    notes = [f"<b class='compare-error'>{html.escape(lab)}</b>: {html.escape(msg)}" for lab, msg in errors.items()]
+    for r in table.itertuples(index=False):
+        if r[5] and not r[6]:  # hard prompts, none retried
+            notes.append(f"<span class='compare-never'><b>{html.escape(str(r[0]))}</b> never generated a hard prompt "
+                         f"again (no re-evaluation): its 'later solved' is 0 by construction; compare "
+                         f"'solved % of retried', or a held-out evaluation</span>")
+    return "<br>".join(notes) if notes else ""

@@ -9,9 +9,9 @@ range filter 1/G <= mu <= (G-1)/G, `filtered` dropped), every m steps up to `ree
 re-generated with the current policy (`x2` promoted when c1 < mu_new < 1, `not_promoted` otherwise), `x3`
 replays of B_high groups of the last 3 steps filling the batch up to B; thresholds c2/c3 from the real
 `bapo_vl.algorithm.Thresholds` (eq. 8); the metrics the trainer logs (bins, buffer sizes, rollouts, rewards,
-loss, KL, timings split into generate/score/train/sync, verdicts), a few sampled responses per step, and a
-held-out evaluation every 25 steps. `--images` attaches a small PNG diagram to the prompts whose responses are
-sampled (as a Geometry3K record has one per prompt). `--sleep S` writes one step every S seconds (a live run for the dashboard).
+loss terms, KL, grad norm, importance ratio, timings split into generate/score/train/sync, verdicts), a few
+sampled responses per step, and a held-out evaluation every 25 steps. `--images` attaches a small PNG diagram to
+the prompts whose responses are sampled (as a Geometry3K record has one per prompt). `--sleep S` writes one step every S seconds (a live run for the dashboard).
 """
 from __future__ import annotations
 
@@ -182,7 +182,8 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
             "fresh_reward": float(fresh_rewards),
             "reward": sum(batch_c) / (G * len(batch_c)) if batch_c else 0.0,
             "reevaluated_reward": sum(reeval_correct) / (G * n_reeval) if n_reeval else 0.0,
-            "loss": float(rng.normal(0, 0.02)), "kl": 1e-3 * t / steps + float(rng.gamma(2, 1e-4)),
+            "loss": (pg := float(rng.normal(0, 0.02))), "pg_loss": pg, "grad_norm": float(rng.gamma(8, 0.05)),
+            "ratio_mean": 1 + float(rng.normal(0, 0.003)), "kl": 1e-3 * t / steps + float(rng.gamma(2, 1e-4)),
             "entropy": 0.9 - 0.3 * t / steps + float(rng.normal(0, 0.01)), "clip_frac": float(rng.beta(2, 60)),
             "policy_version": t - 1, "rollout_version": (t - 1) - (t - 1) % delay,
             "response_length": float(rng.normal(300, 20)),

@@ -4,7 +4,11 @@ The reader (bapo_vl.reader, shared with `bapo runs show`) is checked on that run
 an SQL oracle of the hard-problem ledger and against plain loops for the accuracy bins and migration; then the real
 server is started on a free localhost port and driven in headless Chromium with Playwright: every tab draws its
 plots, the numbers on the page match SQL on the same database, the migration matrix sums to the prompts seen at
-both steps, and a step written after the page loaded appears without a reload.
+both steps, and a step written after the page loaded appears without a reload. Issue 14: dark mode, a search with no
+match, a hostile prompt text, unreadable records, one palette, tick labels, smoothing as typed and the login limit
+(each failed on the dashboard before it, but the palette test: one palette was already in use), and the
+Training-health tab with its ETA, the ledger's retries, the migration defaults and row %, Compare's interactions,
+colours and CSV, and click-through to prompts.
 
 Browser tests need Debian's chromium (`apt-get install -y chromium`) and `pip install playwright` (never
 `playwright install`); they skip without them. BAPO_DASHBOARD_SCREENSHOTS=DIR saves a 1280x800 PNG of each tab.
@@ -45,19 +49,57 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic"
 # about a minute on 2 idle cores
 TRAIN = ["steps=6", "batch_size=6", "group_size=4", "reeval_every=2", "delay=2", "max_response_length=36"]
 G = 4
+READABLE = ["tiny", "tiny-live", "tiny-running", "grpo-synth"]  # the module server's runs that can be read
+
+
+# a prompt text that tries to leave its code block and load an outside image (tasks' data is hostile input)
+HOSTILE = ("What is 2 + 2?\n```\n</pre></code><img id=\"evil\" src=\"http://evil.invalid/x.png\">\n```\n"
+           "**not bold** <script>window.__pwned = 1</script>")
+# tiny-running: the trained run's record cut back to step 3, as if it were at step 3 of 40 with its trainer alive
+RUNNING_AT, RUNNING_STEPS = 3, 40
+
+
+def _copy_run(run, dst, name, **meta):
+    shutil.copytree(run, dst, ignore=shutil.ignore_patterns("final", "checkpoints", R.LOCK_NAME))
+    with sqlite3.connect(dst / R.DB_NAME) as conn:
+        for k, v in {"name": name, **meta}.items():
+            conn.execute("UPDATE meta SET value = ? WHERE key = ?", (v, k))
+    conn.close()
+    return dst
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """(trained run, a copy of it named tiny-live that the live test appends to)."""
+    """(trained run, a copy of it named tiny-live that the live test appends to and whose sampled prompt has the
+    HOSTILE text, a copy tiny-running at step RUNNING_AT of RUNNING_STEPS whose trainer lock this module holds).
+    Beside
+    tiny-live: broken-empty (an empty run.db), broken-corrupt (not SQLite) and grpo-synth (a synthetic GRPO record:
+    no prompt is ever generated twice)."""
     root = tmp_path_factory.mktemp("dashboard")
     assert main(["train", "--quiet", f"run_dir={root}", "name=tiny", *TRAIN]) == 0
-    run, live = root / "tiny", root / "live" / "tiny-live"
-    shutil.copytree(run, live, ignore=shutil.ignore_patterns("final", "checkpoints"))
+    run, live = root / "tiny", _copy_run(root / "tiny", root / "live" / "tiny-live", "tiny-live")
     with sqlite3.connect(live / R.DB_NAME) as conn:
-        conn.execute("UPDATE meta SET value = 'tiny-live' WHERE key = 'name'")
+        conn.execute("UPDATE problems SET text = ? WHERE uid = (SELECT uid FROM samples ORDER BY step DESC LIMIT 1)",
+                     (HOSTILE,))
     conn.close()
-    return run, live
+    running = _copy_run(run, root / "live" / "tiny-running", "tiny-running", status="running")
+    R.RunRecord.open(running, truncate_after=RUNNING_AT).close()  # the record's own rewind (as on resume)
+    with sqlite3.connect(running / R.DB_NAME) as conn:
+        conn.execute("UPDATE config SET json = json_set(json, '$.steps', ?)", (RUNNING_STEPS,))
+        conn.execute("UPDATE meta SET value = 'running' WHERE key = 'status'")
+    conn.close()
+    for name, content in (("broken-empty", b""), ("broken-corrupt", b"not a database " * 100)):
+        (root / "live" / name).mkdir()
+        (root / "live" / name / R.DB_NAME).write_bytes(content)
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from synth_run import synth
+    finally:
+        sys.path.pop(0)
+    synth(root / "live" / "grpo-synth", prompts=400, steps=10, B=16, G=4, algo="grpo", quiet=True)
+    lock = R.lock_run_dir(running)  # a live trainer, as far as the dashboard can tell
+    yield run, live, running
+    lock.close()
 
 
 def sql(run_dir, q, args=()):
@@ -123,6 +165,32 @@ def test_ledger_matches_the_sql_oracle(runs, tmp_path):
         assert want and reader_ledger(run_dir) == want
         s = Run(run_dir).summary()
         assert (s["first_unsolved"], s["later_solved"]) == (len(want), sum(1 for *_, b in want if b is not None))
+
+
+def test_retries_and_the_regenerated_pair_match_sql(runs, tmp_path):
+    for run_dir in (runs[0], _synthetic(tmp_path)):
+        run, want = Run(run_dir), sql_retries(run_dir)
+        ledger = run.ledger_retries()
+        assert dict(zip(ledger["uid"], ledger["retries"])) == {u: want[u] for u in ledger["uid"]}
+        assert run.regenerated_pair() == sql_regenerated_pair(run_dir)
+
+
+def test_ema_is_debiased_and_keeps_gaps():
+    x = pd.Series([1.0, 3.0, float("nan"), 5.0])
+    w = 0.5
+    # s_t = sum w^i x_(t-i) / sum w^i over the values so far (a NaN is skipped and stays NaN)
+    want = [1.0, (3 + 0.5) / 1.5, float("nan"), (5 + 0.5 * 3 + 0.25 * 1) / 1.75]
+    got = views.ema(x, w).tolist()
+    assert got[2] != got[2] and [round(v, 9) for i, v in enumerate(got) if i != 2] == \
+        [round(v, 9) for i, v in enumerate(want) if i != 2]
+    assert views.ema(x, 0).equals(x)
+
+
+def test_hover_table_interpolates_runs_at_each_others_x():
+    df = pd.DataFrame({"x": [0.0, 10.0, 5.0, 15.0], "value": [0.0, 1.0, 2.0, 4.0], "run": ["a", "a", "b", "b"]})
+    h = views.hover_table(df, "x", "value", "run", ["a", "b"]).set_index("x")
+    assert h.loc[5.0, "s0"] == 0.5 and h.loc[10.0, "s1"] == 3.0  # each run's value where the other has a point
+    assert pd.isna(h.loc[0.0, "s1"]) and pd.isna(h.loc[15.0, "s0"])  # none outside a run's own range
 
 
 def naive_migration(rows, a, b, G, window):
@@ -408,11 +476,11 @@ def test_prompt_and_compare_tabs(page, runs):
     shoot(page, "prompt")
 
     open_tab(page, "compare")
-    wait_rows(page, "compare-table", 2)
-    wait_marks(page, "compare-steps", "line")
+    wait_rows(page, "compare-table", len(READABLE))
+    wait_marks(page, "compare-plot", "line")
     wait_marks(page, "compare-solved", "line")
-    assert sorted(row[0] for row in table_rows(page, "compare-table")) == ["tiny", "tiny-live"]
-    assert marks(page, "compare-steps", "line") == 2  # one line per run
+    assert sorted(row[0] for row in table_rows(page, "compare-table")) == sorted(READABLE)
+    assert marks(page, "compare-plot", "line") == len(READABLE)  # one line per run
     shoot(page, "compare")
     open_tab(page, "overview")  # a tab shown again is drawn again at its width (hidden, charts shrink to 0)
     wait_marks(page, "overview-reward", "line")
@@ -503,3 +571,398 @@ def test_a_geometry3k_prompt_shows_its_diagram(browser, tmp_path):
     finally:
         page.close()
         demo.close()
+
+
+# ----------------------------------------------------------------------------- issue 14: bugs (each failed before)
+
+
+def pick_run(page, label):
+    """Show run `label` (from the Overview tab, which then names it)."""
+    from playwright.sync_api import expect
+
+    page.locator("#run input").first.click()
+    page.get_by_role("option", name=label, exact=True).click()
+    expect(page.locator("#overview-text")).to_contain_text(label)
+
+
+def search(page, text):
+    box = page.locator("#prompt-query textarea, #prompt-query input").first
+    box.fill(text)
+    box.press("Enter")
+
+
+AXES_JS = """id => [...document.querySelectorAll(`#${id} svg.marks g.role-axis`)].map(ax =>
+    [...ax.querySelectorAll('.role-axis-label text')].map(t => t.textContent))"""
+LEGEND_JS = """id => { const q = s => [...document.querySelectorAll(`#${id} svg.marks ${s}`)];
+    const labels = q('g.role-legend-label text').map(t => t.textContent);
+    const fills = q('g.role-legend-symbol path').map(p => p.getAttribute('fill'));
+    return Object.fromEntries(labels.map((l, i) => [l, fills[i]])); }"""
+
+
+def luminance(css: str, under=(255, 255, 255)) -> float:
+    """Relative luminance (WCAG) of a CSS rgb()/rgba() colour, blended over `under`."""
+    parts = [float(v) for v in re.findall(r"[\d.]+", css)]
+    alpha = parts[3] if len(parts) > 3 else 1.0
+    rgb = [alpha * c + (1 - alpha) * u for c, u in zip(parts[:3], under)]
+    lin = [(c / 255) / 12.92 if c / 255 <= 0.03928 else ((c / 255 + 0.055) / 1.055) ** 2.4 for c in rgb]
+    return 0.2126 * lin[0] + 0.7152 * lin[1] + 0.0722 * lin[2]
+
+
+def contrast(a: float, b: float) -> float:
+    return (max(a, b) + 0.05) / (min(a, b) + 0.05)
+
+
+def test_dark_mode_charts_and_tables_are_readable(browser, server):
+    """Gradio follows the OS's dark setting: the charts must not stay white, their text must read on the dark
+    page, and the migration matrix's shaded cells must keep their text readable."""
+    import io
+
+    from PIL import Image
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1280, "height": 800}, color_scheme="dark")
+    try:
+        page.goto(server)
+        expect(page.locator("#overview-text")).to_contain_text("last step", timeout=60_000)
+        assert "dark" in page.evaluate("document.body.className")
+        wait_marks(page, "overview-reward", "line")
+        page.wait_for_timeout(500)
+        img = Image.open(io.BytesIO(page.locator("#overview-reward svg.marks").screenshot())).convert("L")
+        pixels = img.tobytes()
+        assert sum(pixels) / len(pixels) / 255 < 0.35  # a dark chart, not a white one
+        page_bg = page.evaluate("getComputedStyle(document.body).backgroundColor")
+        bg = luminance(page_bg)
+        texts = page.evaluate("[...document.querySelectorAll('#overview-reward svg.marks text')]"
+                              ".map(t => getComputedStyle(t).fill)")
+        assert texts and all(contrast(luminance(t), bg) > 4.5 for t in texts), (texts, page_bg)
+        open_tab(page, "bins")
+        wait_rows(page, "bins-matrix", G + 1)
+        cells = page.locator("#bins-matrix [role='gridcell']").evaluate_all(
+            "cs => cs.filter(c => c.innerText.trim() && c.innerText.trim() !== '0' && !/\\//.test(c.innerText))"
+            ".map(c => { const s = getComputedStyle(c.querySelector('*') || c); const t = getComputedStyle(c);"
+            " return [t.backgroundColor, s.color]; })")
+        assert cells
+        for background, color in cells:
+            under = luminance(background, under=[int(v) for v in re.findall(r"\d+", page_bg)[:3]])
+            assert contrast(luminance(color), under) > 4.5, (background, color)
+    finally:
+        page.close()
+
+
+def test_a_search_with_no_match_says_so(page):
+    from playwright.sync_api import expect
+
+    open_tab(page, "prompt")
+    expect(page.locator("#prompt-text")).to_contain_text("uid")
+    search(page, "no-such-prompt-zzz")
+    expect(page.locator("#prompt-text")).to_contain_text("no prompt matches no-such-prompt-zzz")
+    assert page.locator("#prompt-text pre").count() == 0  # no other prompt shown as if it matched
+
+
+def test_a_prompt_with_a_code_fence_and_an_img_tag_stays_text(page, runs):
+    from playwright.sync_api import expect
+
+    requests = []
+    page.on("request", lambda r: requests.append(r.url))
+    uid = sql(runs[1], "SELECT uid FROM problems WHERE text = ?", (HOSTILE,))[0][0]
+    pick_run(page, "tiny-live")
+    open_tab(page, "prompt")
+    search(page, uid)
+    expect(page.locator("#prompt-text")).to_contain_text(uid)
+    assert page.locator("#prompt-text pre").inner_text().strip() == HOSTILE.strip()  # all of it, as text
+    assert page.locator("#evil").count() == 0 and page.locator("#prompt-text img, #prompt-text script").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    assert not [u for u in requests if "evil.invalid" in u]
+
+
+def test_an_unreadable_record_is_said_once_in_place(page):
+    from playwright.sync_api import expect
+
+    expect(page.locator("#live")).to_contain_text("tiny · step")
+    for label, reason in (("broken-empty", "run.db holds no run record"), ("broken-corrupt", "file is not a database")):
+        pick_run(page, label)
+        expect(page.locator("#overview-text")).to_contain_text(reason)
+        expect(page.locator("#live")).to_contain_text(reason)
+        assert page.locator("#live-error").inner_text().startswith(f"{label}: run.db")
+        assert page.locator("#live-step").count() == 0  # the previous run's header is gone
+        assert marks(page, "overview-reward", "line") == 0
+    open_tab(page, "batch")
+    expect(page.locator("#batch-text")).to_contain_text("broken-corrupt: run.db")
+    page.wait_for_timeout(3500)  # three polls: nothing piles up
+    assert page.locator(".toast-body").count() == 0
+    assert page.locator("#batch-text").inner_text().count("run.db") == 1
+
+
+def test_subset_colours_are_the_same_in_every_tab(page, runs):
+    from playwright.sync_api import expect
+
+    run = runs[0]
+    uid = sql(run, "SELECT uid FROM prompt_steps WHERE subset = ? ORDER BY step LIMIT 1", (X2,))[0][0]
+    open_tab(page, "batch")
+    wait_marks(page, "batch-composition", "rect")
+    batch = page.evaluate(LEGEND_JS, "batch-composition")
+    open_tab(page, "prompt")
+    search(page, uid)
+    expect(page.locator("#prompt-text")).to_contain_text(uid)
+    wait_marks(page, "prompt-history", "symbol")
+    prompt = page.evaluate(LEGEND_JS, "prompt-history")
+    x2 = views.SUBSET_LABELS[X2]
+    assert batch[x2] == prompt[x2] == views.SUBSET_COLORS[X2]
+    for label, fill in prompt.items():
+        assert fill == views.SUBSET_COLORS[next(s for s, lab in views.SUBSET_LABELS.items() if lab == label)]
+
+
+def test_no_repeated_tick_labels_on_a_short_run(page):
+    pick_run(page, "tiny-running")  # 3 steps: a '1.5' tick was labelled '2' beside the '2' of step 2
+    for tab, charts in (("overview", ("overview-reward", "overview-rollouts", "overview-time")),
+                        ("batch", ("batch-composition", "batch-buffers", "batch-thresholds")),
+                        ("ledger", ("ledger-curve",))):
+        open_tab(page, tab)
+        for chart in charts:
+            wait_marks(page, chart, "rect" if chart in ("overview-time", "batch-composition") else "line")
+            axes = page.evaluate(AXES_JS, chart)
+            assert axes and all(len(ax) == len(set(ax)) for ax in axes), (chart, axes)
+
+
+def test_smoothing_applies_as_it_is_typed(page):
+    """Typing a weight and pressing Enter redraws at once (before, only leaving the box did)."""
+    wait_marks(page, "overview-reward", "line")
+    lines = marks(page, "overview-reward", "line")
+    box = page.locator("#smooth input[type='number']")
+    box.fill("0.8")
+    box.press("Enter")
+    # each smoothed line gets its raw line, drawn faint beside it
+    page.wait_for_function("([id, n]) => document.querySelectorAll(`#${id} svg g.mark-line path`).length === n",
+                           arg=["overview-reward", 2 * lines], timeout=30_000)
+    assert page.evaluate("document.activeElement.closest('#smooth') !== null")  # the box never lost focus
+
+
+def test_wrong_passwords_are_limited(runs):
+    import urllib.error
+    import urllib.parse
+    import urllib.request
+
+    from bapo_vl.app.dashboard import LOGIN_FAILURES, launch
+
+    port = _free_port()
+    demo = launch([str(runs[0])], port=port, block=False, password="s3cret", warm=False)
+    login = lambda pw: urllib.request.urlopen(f"http://127.0.0.1:{port}/login", timeout=30, data=urllib.parse.urlencode(
+        {"username": "bapo", "password": pw}).encode())
+    try:
+        for _ in range(LOGIN_FAILURES):
+            with pytest.raises(urllib.error.HTTPError) as e:
+                login("guess")
+            assert e.value.code == 400
+        with pytest.raises(urllib.error.HTTPError) as e:  # now even the right password waits
+            login("s3cret")
+        assert e.value.code == 429 and "too many wrong passwords" in e.value.read().decode()
+    finally:
+        demo.close()
+
+
+# ----------------------------------------------------------------------------- issue 14: the new views
+
+
+def test_training_health_plots_every_recorded_scalar_with_an_eta(page, runs):
+    import statistics
+
+    from playwright.sync_api import expect
+
+    running = runs[2]
+    pick_run(page, "tiny-running")
+    open_tab(page, "health")
+    times = [r[0] for r in sql(running, "SELECT time FROM steps ORDER BY step")]
+    per_step = statistics.median([b - a for a, b in zip(times, times[1:])][-10:])
+    expect(page.locator("#health-text")).to_contain_text(
+        f"{RUNNING_STEPS - RUNNING_AT} steps left at {per_step:.1f} s/step")
+    metrics = Run(running).metrics()
+    for i, (title, cols) in enumerate(views.HEALTH):  # one line per scalar the record holds, in its group
+        present = [c for c in cols if c in metrics or c == views.STALENESS]
+        assert present, title
+        wait_marks(page, f"health-{i}", "line")
+        assert marks(page, f"health-{i}", "line") == len(present), title
+    # verifier verdicts: a stacked share per step and verdict, and the run's totals as the record has them
+    chart = f"health-{len(views.HEALTH)}"
+    wait_marks(page, chart, "rect")
+    kinds = sql(running, "SELECT COUNT(*) FROM (SELECT step, verdict FROM verdicts GROUP BY step, verdict "
+                         "HAVING SUM(count) > 0)")[0][0]
+    assert marks(page, chart, "rect") == kinds
+    text = page.locator("#health-text").inner_text()
+    for verdict, n in sql(running, "SELECT verdict, SUM(count) FROM verdicts GROUP BY verdict"):
+        assert number_after(text, f"{verdict}") == n
+    # every other recorded scalar can be picked
+    others = views.other_metrics(metrics)
+    assert "x1" in others and "loss" not in others
+    page.locator("#health-other-pick input").first.click()
+    page.get_by_role("option", name="t_train", exact=True).click()
+    expect(page.locator("#health-other svg.marks")).to_contain_text("t_train")
+
+
+def sql_retries(run_dir) -> dict[str, int]:
+    """uid -> later steps at which each hard prompt was generated again, in plain SQL."""
+    return dict(sql(run_dir, f"""
+        WITH gen AS (SELECT DISTINCT step, uid FROM prompt_steps WHERE {sql_in(GENERATED)}),
+        first AS (SELECT uid, MIN(step) AS s FROM gen GROUP BY uid)
+        SELECT f.uid, (SELECT COUNT(*) FROM gen g WHERE g.uid = f.uid AND g.step > f.s) FROM first f"""))
+
+
+def test_ledger_counts_retries_and_compare_says_when_a_run_never_retries(page, runs):
+    from playwright.sync_api import expect
+
+    run = runs[0]
+    ledger, retries = sql_ledger(run), sql_retries(run)
+    retried = [(uid, b) for uid, _, b in ledger if retries[uid] > 0]
+    solved_retried = sum(1 for _, b in retried if b is not None)
+    open_tab(page, "ledger")
+    expect(page.locator("#ledger-text")).to_contain_text("retried")
+    text = page.locator("#ledger-text").inner_text()
+    assert number_after(text, "generated again later (retried):") == len(retried)
+    share = f"{100 * solved_retried / len(retried):.1f}" if retried else "–"
+    assert f"solved % of retried: {share} %" in text
+    page.locator("#ledger-which").get_by_text(views.LEDGER_NEVER).click()
+    expect(page.locator("#ledger-note")).to_contain_text(f"{len(ledger) - len(retried)} prompt(s) never retried")
+
+    open_tab(page, "compare")
+    wait_rows(page, "compare-table", len(READABLE))
+    rows = {r[0]: r for r in table_rows(page, "compare-table")}
+    head = page.locator("#compare-table thead").inner_text()
+    assert "solved % of retried" in head and "retried" in head
+    assert rows["tiny"][6] == str(len(retried))
+    assert rows["grpo-synth"][6] == "0"
+    expect(page.locator("#compare-note")).to_contain_text("grpo-synth never generated a hard prompt again")
+
+
+def sql_regenerated_pair(run_dir) -> tuple[int, int, int]:
+    """The pair of steps (a, b) with the most prompts generated at a and next generated at b, in plain SQL."""
+    return tuple(sql(run_dir, f"""
+        WITH gen AS (SELECT DISTINCT step, uid FROM prompt_steps WHERE {sql_in(GENERATED)}),
+        nxt AS (SELECT g.step AS a, (SELECT MIN(h.step) FROM gen h WHERE h.uid = g.uid AND h.step > g.step) AS b
+                FROM gen g)
+        SELECT a, b, COUNT(*) AS n FROM nxt WHERE b IS NOT NULL GROUP BY a, b ORDER BY n DESC, a, b LIMIT 1""")[0])
+
+
+def test_migration_opens_on_steps_that_share_prompts_with_counts_or_row_percent(page, runs):
+    from playwright.sync_api import expect
+
+    a, b, n = sql_regenerated_pair(runs[0])
+    open_tab(page, "bins")
+    expect(page.locator("#bins-text")).to_contain_text(f"seen up to step {a} and generated for again in ({a}, {b}]")
+    assert number_after(page.locator("#bins-text").inner_text(), "columns: bin at B):") >= n > 0
+    page.locator("#bins-mode").get_by_text(MODE_AT).click()
+    expect(page.locator("#bins-text")).to_contain_text(f"generated for at both step {a} and step {b}")
+    assert number_after(page.locator("#bins-text").inner_text(), "columns: bin at B):") == n
+    wait_rows(page, "bins-matrix", G + 1)
+    counts = [[int(c) for c in row[1:]] for row in table_rows(page, "bins-matrix")]
+    page.locator("#bins-cells").get_by_text(views.CELLS_ROW).click()
+    page.wait_for_function("id => [...document.querySelectorAll(`#${id} [role=gridcell]`)]"
+                           ".some(c => /\\./.test(c.innerText))", arg="bins-matrix", timeout=30_000)
+    shares = [[float(c) for c in row[1:]] for row in table_rows(page, "bins-matrix")]
+    for count_row, share_row in zip(counts, shares):
+        assert abs(sum(share_row) - (100 if sum(count_row) else 0)) < 0.5
+        assert [round(100 * c / sum(count_row), 1) if sum(count_row) else 0 for c in count_row] == share_row
+
+
+def test_compare_is_interactive_with_fixed_colours_and_csv(page, runs, tmp_path):
+    from playwright.sync_api import expect
+
+    open_tab(page, "compare")
+    wait_rows(page, "compare-table", len(READABLE))
+    wait_marks(page, "compare-plot", "line")
+    # the unreadable runs are named in place; every readable one is still drawn
+    expect(page.locator("#compare-note")).to_contain_text("broken-empty")
+    expect(page.locator("#compare-note")).to_contain_text("broken-corrupt")
+    colours = page.evaluate(LEGEND_JS, "compare-plot")
+    assert sorted(colours) == sorted(READABLE) and len(set(colours.values())) == len(READABLE)
+    assert set(colours.values()) <= set(views.RUN_COLORS)
+    # any recorded metric, on any x-axis
+    page.locator("#compare-metric input").first.click()
+    page.get_by_role("option", name="ppo_kl", exact=True).click()
+    expect(page.locator("#compare-plot svg.marks")).to_contain_text("ppo_kl vs step")
+    page.locator("#compare-x").get_by_text(views.X_WALL).click()
+    expect(page.locator("#compare-plot svg.marks")).to_contain_text(f"ppo_kl vs {views.X_WALL}")
+    page.locator("#compare-x").get_by_text(views.X_STEP).click()
+    expect(page.locator("#compare-plot svg.marks")).to_contain_text("ppo_kl vs step")
+    wait_marks(page, "compare-plot", "line")
+    with_grad = sorted(page.evaluate(LEGEND_JS, "compare-plot"))
+    assert "grpo-synth" not in with_grad and "tiny" in with_grad  # the synthetic record has no ppo_kl
+    # hover: a crosshair whose tooltip lists every run's value at that step
+    box = page.locator("#compare-plot svg.marks").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.55, box["y"] + box["height"] * 0.4)
+    tooltip = page.locator("#vg-tooltip-element")
+    expect(tooltip).to_be_visible()
+    for label in ("tiny", "tiny-live"):
+        expect(tooltip).to_contain_text(label)
+    # the mouse wheel zooms the x-axis
+    before = page.evaluate(AXES_JS, "compare-plot")[0]
+    page.mouse.wheel(0, -400)
+    page.wait_for_function("([id, before]) => JSON.stringify([...document.querySelectorAll(`#${id} svg.marks "
+                           "g.role-axis`)][0] && [...document.querySelectorAll(`#${id} svg.marks g.role-axis`)][0]"
+                           ".querySelectorAll('.role-axis-label text').length && [...document.querySelectorAll("
+                           "`#${id} svg.marks g.role-axis`)][0].textContent) !== JSON.stringify(before.join(''))",
+                           arg=["compare-plot", before], timeout=10_000)
+    # a click on a legend entry highlights that run, the others fade
+    page.locator("#compare-plot g.role-legend-label text", has_text="tiny-live").click()
+    page.wait_for_function("id => [...document.querySelectorAll(`#${id} svg.marks g.mark-line path`)]"
+                           ".some(p => +(p.getAttribute('opacity') ?? p.getAttribute('stroke-opacity') ?? 1) < 0.5)",
+                           arg="compare-plot", timeout=10_000)
+    # EMA smoothing: the raw line stays, faint, beside each smoothed one
+    lines = marks(page, "compare-plot", "line")
+    box = page.locator("#smooth input[type='number']")
+    box.fill("0.6")
+    box.press("Enter")
+    page.wait_for_function("([id, n]) => document.querySelectorAll(`#${id} svg g.mark-line path`).length === n",
+                           arg=["compare-plot", 2 * lines], timeout=30_000)
+    # the plotted data as CSV: every run drawn, smoothed and raw
+    with page.expect_download() as download:
+        page.locator("#compare-csv").click()
+    csv = pd.read_csv(download.value.path())
+    assert list(csv.columns) == ["step", "ppo_kl", "ppo_kl (raw)", "run"]
+    assert sorted(csv["run"].unique()) == with_grad
+    raw = sql(runs[0], "SELECT json_extract(metrics, '$.ppo_kl') FROM steps ORDER BY step")
+    assert csv[csv["run"] == "tiny"]["ppo_kl (raw)"].round(6).tolist() == [round(r[0], 6) for r in raw]
+    # one colour per run, whatever else is ticked
+    page.locator("#compare-runs").get_by_text("tiny", exact=True).click()
+    page.locator("#compare-runs").get_by_text("tiny-running", exact=True).click()
+    page.wait_for_function("id => document.querySelectorAll(`#${id} svg.marks g.role-legend-label text`).length === 1",
+                           arg="compare-plot", timeout=30_000)
+    assert page.evaluate(LEGEND_JS, "compare-plot") == {"tiny-live": colours["tiny-live"]}
+    for label in ("tiny-live", "grpo-synth", "broken-empty", "broken-corrupt"):  # none ticked: said so, real headers
+        page.locator("#compare-runs").get_by_text(label, exact=True).click()
+    expect(page.locator("#compare-note")).to_contain_text("choose runs to compare")
+    assert page.locator("#compare-table thead").inner_text().split("\n")[0].strip() == "run"
+
+
+def test_click_through_opens_the_prompts_behind_a_bar_a_bin_or_a_cell(page, runs):
+    from playwright.sync_api import expect
+
+    run = runs[0]
+    step, n = sql(run, "SELECT step, COUNT(*) FROM prompt_steps WHERE subset = ? GROUP BY step ORDER BY step DESC "
+                       "LIMIT 1", (X2,))[0]
+    open_tab(page, "batch")
+    wait_marks(page, "batch-composition", "rect")
+    page.locator(f"#batch-composition path[aria-label='{X2}@{step}-{step}']").click()
+    expect(page.locator("#prompt-list")).to_contain_text(f"{views.SUBSET_LABELS[X2]} at step {step}: {n} prompt")
+    uids = {r[0] for r in sql(run, "SELECT uid FROM prompt_steps WHERE subset = ? AND step = ?", (X2, step))}
+    assert page.locator("#prompt-pick input").first.input_value().split(" — ")[0] in uids
+    expect(page.locator("#prompt-text")).to_contain_text("uid")
+
+    last = sql(run, "SELECT MAX(step) FROM steps")[0][0]
+    zero = sql(run, f"SELECT COUNT(*) FROM prompt_steps WHERE step = ? AND correct = 0 AND {sql_in(FRESH)}",
+               (last,))[0][0]
+    open_tab(page, "batch")
+    wait_marks(page, "batch-bins", "rect")
+    page.locator(f"#batch-bins path[aria-label='bin0@{last}-{last}']").click()
+    expect(page.locator("#prompt-list")).to_contain_text(f"fresh groups at 0/{G} at step {last}: {zero} prompt")
+
+    a, b, _ = sql_regenerated_pair(run)
+    hist_a, _, m = Run(run).migration(a, b, window=True)
+    open_tab(page, "bins")
+    wait_marks(page, "bins-hist-a", "rect")
+    page.locator("#bins-hist-a path[aria-label='bin0']").click()
+    expect(page.locator("#prompt-list")).to_contain_text(f"in histogram A (step {a}): {hist_a[0]} prompt")
+    open_tab(page, "bins")
+    wait_rows(page, "bins-matrix", G + 1)
+    i, j = next((i, j) for i in range(G + 1) for j in range(G + 1) if m[i][j])
+    page.locator("#bins-matrix [role='row']").nth(i + 1).locator("[role='gridcell']").nth(j + 1).click()
+    expect(page.locator("#prompt-list")).to_contain_text(f"migration cell {views.bin_labels(G)[i]} at A (step {a})"
+                                                         f" → {views.bin_labels(G)[j]} at B (step {b}): {m[i][j]}")
