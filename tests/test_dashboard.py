@@ -724,16 +724,21 @@ def test_no_repeated_tick_labels_on_a_short_run(page):
             assert axes and all(len(ax) == len(set(ax)) for ax in axes), (chart, axes)
 
 
+def smooth_and_wait(page, plot_id: str, weight: str):
+    """Type an EMA weight and press Enter; wait until every line of `plot_id` has its faint raw twin."""
+    lines = marks(page, plot_id, "line")
+    box = page.locator("#smooth input[type='number']")
+    box.fill(weight)
+    box.press("Enter")
+    page.wait_for_function("([id, n]) => document.querySelectorAll(`#${id} svg g.mark-line path`).length === n",
+                           arg=[plot_id, 2 * lines], timeout=30_000)
+
+
 def test_smoothing_applies_as_it_is_typed(page):
     """Typing a weight and pressing Enter redraws at once (before, only leaving the box did)."""
     wait_marks(page, "overview-reward", "line")
-    lines = marks(page, "overview-reward", "line")
-    box = page.locator("#smooth input[type='number']")
-    box.fill("0.8")
-    box.press("Enter")
     # each smoothed line gets its raw line, drawn faint beside it
-    page.wait_for_function("([id, n]) => document.querySelectorAll(`#${id} svg g.mark-line path`).length === n",
-                           arg=["overview-reward", 2 * lines], timeout=30_000)
+    smooth_and_wait(page, "overview-reward", "0.8")
     assert page.evaluate("document.activeElement.closest('#smooth') !== null")  # the box never lost focus
 
 
@@ -906,12 +911,7 @@ def test_compare_is_interactive_with_fixed_colours_and_csv(page, runs, tmp_path)
                            ".some(p => +(p.getAttribute('opacity') ?? p.getAttribute('stroke-opacity') ?? 1) < 0.5)",
                            arg="compare-plot", timeout=10_000)
     # EMA smoothing: the raw line stays, faint, beside each smoothed one
-    lines = marks(page, "compare-plot", "line")
-    box = page.locator("#smooth input[type='number']")
-    box.fill("0.6")
-    box.press("Enter")
-    page.wait_for_function("([id, n]) => document.querySelectorAll(`#${id} svg g.mark-line path`).length === n",
-                           arg=["compare-plot", 2 * lines], timeout=30_000)
+    smooth_and_wait(page, "compare-plot", "0.6")
     # the plotted data as CSV: every run drawn, smoothed and raw
     with page.expect_download() as download:
         page.locator("#compare-csv").click()
