@@ -66,6 +66,7 @@ def within(default, accepted, hint: str = ""):
 
 
 DEVICES = ("auto", "cpu", "cuda")
+ROLLOUT_ENGINES = ("auto", "transformers", "vllm")  # bapo_vl/backends/engines.py
 DTYPES = ("auto", "float32", "bfloat16")  # the embedded backend computes in bf16 (autocast) or fp32
 
 # The baselines are presets of the same trainer (SPEC section 3), applied on top of the task preset.
@@ -116,6 +117,9 @@ class Config:
     """auto | cpu | cuda"""
     dtype: str = within("auto", DTYPES)
     """auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"""
+    rollout_engine: str = within("auto", ROLLOUT_ENGINES)
+    """what samples rollouts in the embedded backend: auto (transformers until the vllm engine has run on a GPU) |
+    transformers | vllm (the [vllm] extra; not run yet)"""
     algo: str = within("bapo", ALGOS)
     """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | ba_ppo | mini_test"""
 

@@ -287,6 +287,8 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
     check_start(cfg, load_model=backend is None)
     task, problems = load_problems(cfg)
     backend = backend or make_backend(cfg)
+    if not quiet and hasattr(backend, "engine"):  # auto picks the engine: say which one samples the rollouts
+        print(f"rollout engine: {backend.engine.name} (rollout_engine={cfg.rollout_engine})", file=sys.stderr, flush=True)
     trainer = Trainer(cfg, backend, task, problems)
     lock = lock_run_dir(run_path(cfg))  # held from here until the record is closed, released on every path
     try:

@@ -20,6 +20,7 @@ from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, Aut
 
 from bapo_vl.backends.base import Policy, Response, UpdateBatch, old_logprobs, pack, right_pad
 from bapo_vl.backends.critic import ValueModel
+from bapo_vl.backends.engines import make_engine
 from bapo_vl.losses import entropy_from_logits, gae_advantages, total_loss, value_loss
 from bapo_vl.problem import Problem
 
@@ -111,6 +112,7 @@ class EmbeddedBackend:
                         "temperature-scaled distribution (the paper uses top_p=1, top_k=-1)")
         self.loss_cfg = cfg.loss_config()
         self.rng = random.Random(cfg.seed)
+        self.engine = make_engine(self)  # what samples rollouts; logged by `bapo train` in its first lines
 
     def _frozen_copy(self, dtype):
         model = copy.deepcopy(self.policy).to(dtype).eval()
@@ -165,18 +167,8 @@ class EmbeddedBackend:
         if greedy and n != 1:
             raise ValueError(f"greedy decoding gives one response per prompt, not n={n}")
         model = self.rollout if policy == "rollout" else self.policy
-        sampling = self.greedy if greedy else self.sampling
         flat = [p for p in prompts for _ in range(n)]
-        tokens: list[list[int]] = []
-        for chunk in _chunks(flat, self.cfg.generate_batch_size):
-            batch = self._collate(chunk)
-            P = batch.pop("P")
-            batch.pop("position_ids", None)  # generate derives positions from the mask
-            with self._autocast():
-                out = model.generate(**batch, generation_config=sampling)
-            for row in out[:, P:].tolist():
-                end = next((i + 1 for i, t in enumerate(row) if t in self.eos_ids), len(row))
-                tokens.append(row[:max(end, 1)])
+        tokens = self.engine.sample(prompts, n, policy, greedy)
         scores = self.score(model, flat, tokens) if logprobs else None
         out = [Response(tuple(t), None if scores is None else tuple(scores[i, :len(t)].tolist()))
                for i, t in enumerate(tokens)]
@@ -212,13 +204,22 @@ class EmbeddedBackend:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
     def sync(self):
-        """alpha <- pi_theta."""
+        """alpha <- pi_theta, in the backend's alpha copy (which scores behaviour log-probs) and in the engine."""
         if self.rollout is not self.policy:
             self.rollout.load_state_dict(self.policy.state_dict())
+        if self.engine.name != "transformers":  # the transformers engine samples from self.rollout itself
+            self.engine.load_weights(self.rollout.state_dict())
 
     # --- update ----------------------------------------------------------------------------------------------
 
     def update(self, batch: UpdateBatch) -> dict:
+        self.engine.sleep()  # a colocated engine hands its memory to the update
+        try:
+            return self._update(batch)
+        finally:
+            self.engine.wake()
+
+    def _update(self, batch: UpdateBatch) -> dict:
         """PPO-style update in mini-batches of `mini_batch_size` groups, with gradient accumulation over
         micro-batches of `micro_batch_size` sequences. Per-token tensors are (N, R) on CPU; micro-batches move."""
         cfg = self.cfg
@@ -329,6 +330,8 @@ class EmbeddedBackend:
         self.optimizer.load_state_dict(state["optimizer"])
         if state["rollout"] is not None and self.rollout is not self.policy:
             self.rollout.load_state_dict(state["rollout"])
+        if self.engine.name != "transformers":
+            self.engine.load_weights(self.rollout.state_dict())
         if self.critic is not None:
             if state["critic"] is None:
                 raise ValueError(f"{path}: this checkpoint has no critic: it was not trained with critic=True (BA-PPO)")

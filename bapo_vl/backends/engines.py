@@ -1,0 +1,162 @@
+"""Rollout engines of the embedded backend: what samples the response tokens (`rollout_engine=auto|transformers|vllm`).
+
+An engine only samples token ids and holds the rollout policy alpha's weights. The behaviour log-probs are always
+computed by the backend afterwards, with a teacher-forced forward of the same weights in the trainer's own model
+code (EmbeddedBackend.score): so what is stored is exactly the log-prob, under alpha (or pi_theta for X2), of the
+tokens that were sampled, whichever engine sampled them.
+
+    transformers  `model.generate` with a dynamic cache on the backend's own alpha / pi_theta models; always there.
+    vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA, text models). NOT RUN: no GPU test yet.
+    auto          transformers, until VllmEngine has run on a GPU (VLLM_RAN_ON_GPU); then vllm when it is installed,
+                  the device is cuda and the model is a text model.
+"""
+from __future__ import annotations
+
+import importlib.util
+from typing import Protocol
+
+import torch
+
+from bapo_vl.backends.base import Policy
+
+
+class RolloutEngine(Protocol):
+    name: str
+
+    def sample(self, prompts: list[dict], n: int, policy: Policy, greedy: bool) -> list[list[int]]:
+        """Token ids of n responses per prompt (prompt i's at [i*n, (i+1)*n)), each cut after its first EOS."""
+
+    def load_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """alpha <- these weights (the delayed sync)."""
+
+    def sleep(self) -> None:
+        """Free the engine's memory for the update (weights kept)."""
+
+    def wake(self) -> None: ...
+
+
+# auto takes vLLM only once VllmEngine has run on a GPU: until then an unrun path is never the default
+VLLM_RAN_ON_GPU = False
+
+
+def choose_engine(name: str, device: torch.device, is_vl: bool) -> str:
+    """The engine `rollout_engine=name` means here: auto picks the fastest one that can run."""
+    if name != "auto":
+        return name
+    fast = (VLLM_RAN_ON_GPU and device.type == "cuda" and not is_vl
+            and importlib.util.find_spec("vllm") is not None)
+    return "vllm" if fast else "transformers"
+
+
+def make_engine(backend) -> RolloutEngine:
+    name = choose_engine(backend.cfg.rollout_engine, backend.device, backend.is_vl)
+    return {"transformers": TransformersEngine, "vllm": VllmEngine}[name](backend)
+
+
+def cut_at_eos(row: list[int], eos_ids: set[int]) -> list[int]:
+    """The response up to and including its first EOS (at least one token)."""
+    end = next((i + 1 for i, t in enumerate(row) if t in eos_ids), len(row))
+    return row[:max(end, 1)]
+
+
+class TransformersEngine:
+    """`model.generate` on the backend's alpha (`backend.rollout`) or pi_theta (`backend.policy`): X2's
+    re-evaluation needs no weight swap since both models are resident. Continuous batching (`generate_batch`) is not
+    used yet: rows that finished early still ride along until the chunk's longest row ends."""
+
+    name = "transformers"
+
+    def __init__(self, backend):
+        self.backend = backend
+
+    def sample(self, prompts, n, policy, greedy):
+        b = self.backend
+        model = b.rollout if policy == "rollout" else b.policy
+        sampling = b.greedy if greedy else b.sampling
+        flat = [p for p in prompts for _ in range(n)]
+        tokens: list[list[int]] = []
+        for i in range(0, len(flat), b.cfg.generate_batch_size):
+            batch = b._collate(flat[i:i + b.cfg.generate_batch_size])
+            P = batch.pop("P")
+            batch.pop("position_ids", None)  # generate derives positions from the mask
+            with b._autocast():
+                out = model.generate(**batch, generation_config=sampling)
+            tokens += [cut_at_eos(row, b.eos_ids) for row in out[:, P:].tolist()]
+        return tokens
+
+    def load_weights(self, state_dict):
+        if self.backend.rollout is not self.backend.policy:
+            self.backend.rollout.load_state_dict(state_dict)
+
+    def sleep(self):
+        pass
+
+    def wake(self):
+        pass
+
+
+class VllmEngine:
+    """A colocated vLLM engine holding alpha, as TRL's colocate mode does. NOT RUN: written to the protocol measured in
+    ../shared/tools/gpu-stack/README.md (vLLM 0.24 on an H100), never executed by a test; only its selection and the
+    missing-package error are tested on CPU.
+
+    - sync (every v steps): alpha's new weights are loaded in place through `collective_rpc` into the worker's model
+      (`load_weights`), which needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine runs in this process).
+    - X2 (policy="current"): pi_theta's weights are pushed, the responses sampled, then alpha's weights (the backend's
+      own alpha copy, which also scores the behaviour log-probs) are pushed back.
+    - update: the engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the trainer gets the memory.
+    Text models only: VL prompts would need the raw images, which `encode` does not keep."""
+
+    name = "vllm"
+
+    def __init__(self, backend):
+        if importlib.util.find_spec("vllm") is None:
+            raise ImportError("rollout_engine=vllm needs vLLM: pip install 'bapo-vl[vllm]' (or rollout_engine=auto)")
+        if backend.device.type != "cuda" or backend.is_vl:
+            raise ValueError("rollout_engine=vllm runs text models on device=cuda only; use rollout_engine=transformers")
+        import os
+
+        os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # collective_rpc reaches the in-process worker
+        from vllm import LLM, SamplingParams
+
+        from bapo_vl.backends.embedded import resolve_model
+
+        self.backend, cfg = backend, backend.cfg
+        self.llm = LLM(model=resolve_model(cfg.model), dtype="bfloat16", seed=cfg.seed, enable_sleep_mode=True,
+                       max_model_len=cfg.max_prompt_length + cfg.max_response_length,
+                       gpu_memory_utilization=0.3)
+        stop = sorted(backend.eos_ids)
+        common = dict(max_tokens=cfg.max_response_length, stop_token_ids=stop, detokenize=False)
+        # logprobs are not asked for: the backend scores alpha's with the trainer's model code.
+        self.sampling = lambda n: SamplingParams(n=n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
+                                                 seed=int(torch.randint(2 ** 31, ())), **common)
+        self.greedy = SamplingParams(n=1, temperature=0.0, **common)
+        self.load_weights(backend.rollout.state_dict())
+
+    def sample(self, prompts, n, policy, greedy):
+        from vllm.inputs import TokensPrompt
+
+        b = self.backend
+        if policy == "current" and b.rollout is not b.policy:
+            self.load_weights(b.policy.state_dict())
+        try:
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p["input_ids"].tolist()) for p in prompts],
+                                     self.greedy if greedy else self.sampling(n), use_tqdm=False)
+        finally:
+            if policy == "current" and b.rollout is not b.policy:
+                self.load_weights(b.rollout.state_dict())  # back to alpha
+        return [cut_at_eos(list(o.token_ids), b.eos_ids) for out in outs for o in out.outputs]
+
+    def load_weights(self, state_dict):
+        weights = list(state_dict.items())
+
+        def load(worker):
+            worker.model_runner.model.load_weights(weights=weights)
+
+        self.llm.collective_rpc(load)
+
+    def sleep(self):
+        self.llm.sleep(level=1)
+
+    def wake(self):
+        self.llm.wake_up()

@@ -1,0 +1,118 @@
+"""The embedded backend's rollout engines (bapo_vl/backends/engines.py): which one `rollout_engine` picks, the
+delayed-sync / X2 protocol (sample with pi_theta, keep alpha), and that the stored behaviour log-probs are those of
+the tokens sampled, against an unbatched teacher-forced forward of the same weights. vLLM cannot run here: only its
+selection and its missing-package error are tested."""
+import importlib.util
+
+import pytest
+import torch
+
+from bapo_vl.backends.embedded import EmbeddedBackend
+from bapo_vl.backends.engines import VLLM_RAN_ON_GPU, choose_engine
+from bapo_vl.config import ConfigError, load_config
+from bapo_vl.plugins import get_task
+
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+TOL = 1e-5  # fp32 on CPU: batched (padded) scoring vs one unpadded sequence at a time
+
+
+def make_backend(**kw):
+    values = dict(task="countdown", task_options="{template: compact}", max_prompt_length=96, model="countdown-tiny",
+                  device="cpu", dtype="float32", max_response_length=40, delay=3, kl_coef=0.0, seed=3,
+                  generate_batch_size=4, micro_batch_size=3) | kw
+    return EmbeddedBackend(load_config(overrides=[f"{k}={v}" for k, v in values.items()]))
+
+
+@pytest.fixture(scope="module")
+def backend():
+    return make_backend()
+
+
+@pytest.fixture(scope="module")
+def prompts(backend):
+    problems = get_task("countdown").load(split="train", template="compact")[:3]
+    return [backend.encode(p) for p in problems]
+
+
+def unbatched_logprobs(model, prompt_ids, tokens, temperature):
+    """Log-probs of `tokens` after `prompt_ids` from one plain forward: no padding, default positions."""
+    ids = torch.cat([prompt_ids, torch.tensor(tokens)])[None]
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt_ids) - 1:-1].float() / temperature
+    return torch.log_softmax(logits, -1), torch.log_softmax(logits, -1)[range(len(tokens)), tokens]
+
+
+def perturb(model, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g))
+
+
+def test_auto_picks_transformers_without_vllm_or_gpu(backend):
+    # Could fail if auto chose vllm on a CPU, for a VL model, or where vllm is not installed.
+    assert choose_engine("auto", torch.device("cpu"), is_vl=False) == "transformers"
+    assert choose_engine("auto", torch.device("cuda"), is_vl=True) == "transformers"
+    assert choose_engine("auto", torch.device("cuda"), is_vl=False) == ("vllm" if HAS_VLLM and VLLM_RAN_ON_GPU
+                                                                         else "transformers")
+    assert choose_engine("transformers", torch.device("cuda"), is_vl=False) == "transformers"
+    assert backend.engine.name == "transformers"
+
+
+@pytest.mark.skipif(HAS_VLLM, reason="vllm is installed")
+def test_vllm_without_the_package_is_one_clear_line():
+    # Could fail if asking for vllm fell back silently, or failed deep inside an import with a traceback-only message.
+    with pytest.raises(ImportError) as err:
+        make_backend(rollout_engine="vllm")
+    message = str(err.value)
+    assert "\n" not in message and "[vllm]" in message and "rollout_engine" in message
+
+
+def test_config_refuses_an_unknown_engine():
+    with pytest.raises(ConfigError, match="rollout_engine"):
+        load_config(overrides=["rollout_engine=sglang"])
+
+
+def test_stored_logprobs_are_those_of_the_sampled_tokens(backend, prompts):
+    # Could fail if the batched scorer's padding / positions disagreed with a plain forward, if the response were cut
+    # off the wrong EOS, or if the sampler drew from another distribution than the one scored (greedy: the argmax).
+    T = backend.cfg.temperature
+    ended = 0
+    for greedy, n in ((False, 2), (True, 1)):
+        groups = backend.generate(prompts, n, greedy=greedy)
+        for prompt, group in zip(prompts, groups):
+            for r in group:
+                full, ref = unbatched_logprobs(backend.rollout, prompt["input_ids"], list(r.tokens), T)
+                assert torch.allclose(torch.tensor(r.logprobs), ref, atol=TOL), (greedy, r.tokens)
+                eos = [i for i, t in enumerate(r.tokens) if t in backend.eos_ids]
+                assert eos in ([], [len(r.tokens) - 1])  # cut right after the first EOS
+                ended += bool(eos)
+                if greedy:
+                    assert list(r.tokens) == full.argmax(-1).tolist()
+    assert ended  # the tiny policy ends its answers within 40 tokens: the EOS cut is exercised
+
+
+def test_x2_samples_with_pi_theta_and_sync_loads_it_into_alpha(prompts):
+    # Could fail if "current" sampled or scored with alpha, if X2's re-evaluation left pi_theta's weights in alpha,
+    # or if sync did not reach what the engine samples from.
+    b = make_backend()
+    perturb(b.policy)  # pi_theta moves away from alpha, as after an update
+    T = b.cfg.temperature
+    probe = prompts[0]["input_ids"]
+    alpha_before = unbatched_logprobs(b.rollout, probe, [5, 6, 7], T)[1]
+    theta = unbatched_logprobs(b.policy, probe, [5, 6, 7], T)[1]
+    assert not torch.allclose(alpha_before, theta, atol=1e-3)
+
+    (current,), = b.generate(prompts[:1], 1, "current", greedy=True)
+    full, ref = unbatched_logprobs(b.policy, probe, list(current.tokens), T)
+    assert list(current.tokens) == full.argmax(-1).tolist()  # sampled by pi_theta
+    assert torch.allclose(torch.tensor(current.logprobs), ref, atol=TOL)  # and scored by it
+    assert torch.equal(unbatched_logprobs(b.rollout, probe, [5, 6, 7], T)[1], alpha_before)  # alpha restored
+    (rollout,), = b.generate(prompts[:1], 1, "rollout", greedy=True)
+    full = unbatched_logprobs(b.rollout, probe, list(rollout.tokens), T)[0]
+    assert list(rollout.tokens) == full.argmax(-1).tolist()
+
+    b.sync()
+    (synced,), = b.generate(prompts[:1], 1, "rollout", greedy=True)
+    assert synced == current  # alpha now samples and scores as pi_theta did
+    assert torch.equal(unbatched_logprobs(b.rollout, probe, [5, 6, 7], T)[1], theta)
