@@ -107,6 +107,24 @@ def test_single_letter_answers_stay_correct(response):
     assert _raw(response, S) is Verdict.CORRECT
 
 
+# --- 4. words after a value (found by tests/test_verifier_fuzz.py, geometry3k-1.2): only unit words are dropped ----
+
+@pytest.mark.parametrize("words", ["is wrong", "or sixteen", "or more", "or less", "not", "maybe", "and twenty",
+                                   "wrong", "is not the answer", "no"])
+def test_words_after_a_value_are_not_units(words):
+    g = {"letter": "B", "value": "15", "choices": ["12", "15", "18", "20"]}
+    for truth in (g, "15"):
+        assert _raw(f"<answer>15 {words}</answer>", truth) in NOT_CORRECT, (words, truth)
+
+
+@pytest.mark.parametrize("unit", ["cm", "units", "degrees", "cm^2", "in.", "square units", "sq. ft", "ft^{2}", "inches",
+                                  "m", "\\text{ mm}"])
+def test_unit_words_are_dropped(unit):
+    assert _raw(f"<answer>15 {unit}</answer>", {"letter": "B", "value": "15", "choices": ["12", "15", "18", "20"]}) \
+        is Verdict.CORRECT
+    assert _raw(f"<answer>x = 15 {unit}</answer>", "15") is Verdict.CORRECT
+
+
 # --- fuzz over real problems --------------------------------------------------------------------------------
 
 def _problems():

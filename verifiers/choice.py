@@ -7,7 +7,8 @@ read as
   2. the text of a choice, compared after normalisation (spaces, $, \\left/\\right, degree marks removed),
   3. a letter followed by its value ("C. 15", "(C) 15": the letter counts),
   4. a number: decimals, \\frac{a}{b}, a/b, \\sqrt{x}, \\sqrt[n]{x}, \\pi, implicit products (2\\sqrt{3}),
-     powers, degrees (60^\\circ, 60°) and trailing units dropped; after the last "=" or "\\approx" if any.
+     powers, degrees (60^\\circ, 60°) and trailing unit words (cm, in^2, units) dropped, other words kept ("15 or
+     more" is no number); after the last "=" or "\\approx" if any.
      Evaluated by a small recursive-descent parser over a token whitelist (never eval). A number picks the
      single NEAREST choice (by value), and counts only if that choice is unambiguous and close (TOLERANCE):
      a tie between choices of different values is WRONG, so is a number nearer a wrong choice. 12.9 picks
@@ -51,6 +52,8 @@ log = logging.getLogger(__name__)
 MAX_CHARS = 20_000  # the tail of a response that is searched
 MAX_SPAN = 300  # longest final answer that is read
 MAX_TOKENS = 60  # longest expression the number parser evaluates
+TIME_BUDGET = 0.02  # seconds (CPU) one verify() may take on any response: the caps above bound the work, and
+# tests/test_verifier_fuzz.py holds it to this on >= 20,000 hostile responses
 LETTERS = "ABCD"
 
 
@@ -280,7 +283,11 @@ def _parse_number(text: str) -> float | None:
         return None
 
 
-_UNITS = re.compile(r"(?:\s*(?<![\\a-zA-Z])[a-zA-Z]+\.?(?:\^\s*\{?\d\}?)?)+\s*$")
+# trailing unit words (as in Geometry3K: cm, in^2, units, degrees...), and only those: "15 or more", "15 is wrong"
+# and "15 or sixteen" are not 15
+_UNIT = (r"(?:square\s+|sq\.?\s*|cubic\s+)?(?:units?|[ckm]?m|km|meters?|metres?|centimeters?|millimeters?|"
+         r"kilometers?|in|inch(?:es)?|ft|feet|foot|yd|yards?|mi|miles?|degrees?|deg|radians?|rad)(?![a-zA-Z])")
+_UNITS = re.compile(rf"(?:\s*(?<![\\a-zA-Z]){_UNIT}\.?(?:\s*\^\s*\{{?\d\}}?)?)+\s*$", re.I)
 
 
 def _response_number(s: str) -> tuple[float | None, str]:

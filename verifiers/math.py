@@ -2,7 +2,8 @@
 
 Checks go cheapest first, all but the last in this process:
   (a) normalised strings (LaTeX spacing, \\dfrac, \\left/\\right, units, degrees, percent, "x=", thousands
-      separators, \\frac12, \\sqrt2, ...);
+      separators, \\frac12, \\sqrt2, 5² -> 5^{2}, \\phantom{..} dropped, ...); "a \\quad b", "a \\lor b", a line
+      break "a \\\\ b" outside a matrix and "\\text{ (or }" are item separators (a list, not a product);
   (b) structure (intervals, tuples, unordered sets/lists, unions, matrices, "a \\pm b") and the exact value of
       each element from a small bounded evaluator: Fractions for rationals (so 1/2004! != 1/2006!), complex
       floats once sqrt, pi or i appear; every power, factorial and intermediate result is capped in size, so
@@ -10,15 +11,25 @@ Checks go cheapest first, all but the last in this process:
       differ (beyond DISTINCT_REL_TOL) are WRONG, floats that agree go to sympy for an exact check (355/113 !=
       pi, 3.1415926535897 != pi). The relative tolerance NUMERIC_REL_TOL applies ONLY where the gold answer is
       itself a decimal approximation (has a decimal point, e.g. "3.14159"). Words in \\text{} are kept
-      unless they are unit words (5 \\text{ million} != 5); a relation chain "x=3=5" must agree in every
-      side; several different choice labels ("(A) (B) (C)") are a hedge, WRONG; 0.\\overline{3} = 1/3;
+      unless they are unit words (5 \\text{ million} != 5); a relation chain "x=3=5" (\\approx and \\equiv are
+      "=" too) must agree in every side; a mixed number 1\\frac{1}{2} is 3/2, also as an item or a chain side;
+      several different choice labels ("(A) (B) (C)") are a hedge, WRONG; 0.\\overline{3} = 1/3; \\Gamma(n) and
+      \\binom{n}{k} of integers are exact (capped like factorials); a decimal gold's tolerance holds for the real
+      and imaginary parts apart (5e10 + i is not 5e10);
   (c) expressions in variables are evaluated exactly at two fixed rational points: different values there
       mean WRONG at once (equal values prove nothing and go on);
   (d) only what is still open (x^2-1 = (x-1)(x+1), trig identities, equations, inequalities vs intervals)
       goes to math-verify/sympy, in ONE call to a killable worker process (verifiers.sandbox) under
       SYMBOLIC_TIMEOUT seconds, after a screen that keeps huge exponents, factorials, literals, deep nesting
-      and malformed input away from sympy. There, too, two-point evaluation runs before math-verify, and it
-      overrules math-verify's 6-decimal rounding (which accepted 1/2004! for 1/2006!).
+      and malformed input away from sympy, and anything sympy's lenient parser would guess at: non-ASCII
+      characters (a digit with a combining stroke), LaTeX commands outside _KNOWN_COMMANDS (\\tag, \\footnote, \\not,
+      \\cancel, \\color, ...), empty items ("(,") and numbers like "1.2.3" are WRONG; math-verify reads LaTeX
+      only (its fallback to plain expressions found the 5 in "5 \\sum 6"). There, too, two-point
+      evaluation runs before math-verify, and it overrules math-verify's 6-decimal rounding (which accepted
+      1/2004! for 1/2006!).
+Time: the in-process checks of one response take at most TIME_BUDGET seconds of CPU, whatever it holds (the
+caps bound them; tests/test_verifier_fuzz.py holds >= 20,000 hostile responses to it), the sandbox adds at most
+SYMBOLIC_TIMEOUT; a worker past it is killed and replaced in the background.
 Verdicts: UNPARSABLE when no final answer can be extracted, TIMEOUT when the symbolic check hits its limit or
 its worker dies (or, in verify_batch, the batch's time budget BATCH_TIME_FACTOR x the limit runs out), else
 CORRECT/WRONG. `verify` never raises. Nothing from the response is ever eval'ed.
@@ -26,6 +37,8 @@ CORRECT/WRONG. `verify` never raises. Nothing from the response is ever eval'ed.
 from __future__ import annotations
 
 import cmath
+import functools
+import logging
 import math
 import os
 import re
@@ -39,10 +52,12 @@ from bapo_vl.problem import Verdict
 from . import sandbox
 from .latex import last_boxed, match_brace
 
-VERIFIER_VERSION = "math-1.1"  # bump when a response could be judged differently (1.1: issue 12)
+VERIFIER_VERSION = "math-1.2"  # bump when a response could be judged differently (1.1, 1.2: issue 12)
+log = logging.getLogger(__name__)
 MAX_RESPONSE_CHARS = 10_000  # only the tail of a response is searched for the answer
 MAX_ANSWER_CHARS = 1_000  # a longer extracted answer counts as unparsable
 SYMBOLIC_TIMEOUT = 5.0  # seconds per response for the sandboxed symbolic check
+TIME_BUDGET = 0.1  # seconds (CPU) of the in-process checks of one response (see "Time" above)
 SANDBOX_WORKERS = max(1, min(4, os.cpu_count() or 1))
 SANDBOX_MEMORY_MB = 3072  # address-space cap of a sandbox worker
 NUMERIC_REL_TOL = 1e-6  # only where the GOLD answer is itself a decimal approximation ("3.14159")
@@ -122,7 +137,15 @@ def extract_answer(response: str) -> str | None:
 
 _UNICODE = {"−": "-", "–": "-", "—": "-", "×": "\\times ", "÷": "\\div ", "·": "\\cdot ", "⋅": "\\cdot ",
             "π": "\\pi ", "√": "\\sqrt", "∞": "\\infty ", "°": "^\\circ", "≤": "\\le ", "≥": "\\ge ",
-            "≠": "\\ne ", "∪": "\\cup ", "∈": "\\in ", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "，": ","}
+            "≠": "\\ne ", "∪": "\\cup ", "∈": "\\in ", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "，": ",",
+            "±": "\\pm ", "∓": "\\mp ", "∩": "\\cap ", "∅": "\\emptyset ", "≈": "\\approx ", "…": "\\ldots ",
+            "→": "\\to ", "∠": "\\angle ", "θ": "\\theta ", "α": "\\alpha ", "β": "\\beta ", "λ": "\\lambda ",
+            "ω": "\\omega ", "φ": "\\phi ", "Δ": "\\Delta "}  # the rest of non-ASCII never reaches sympy
+_SUPERSCRIPT_DIGITS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
+_SUBSCRIPT_DIGITS = str.maketrans("₀₁₂₃₄₅₆₇₈₉₋₊", "0123456789-+")
+_SUPERSCRIPTS = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+")
+_SUBSCRIPTS = re.compile("[₀₁₂₃₄₅₆₇₈₉₋₊]+")
+_PHANTOM = re.compile(r"\\[hv]?phantom\s*(?:\{[^{}]*\}|\\[a-zA-Z]+|[^{\s])")
 _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|textup|mbox|mathrm|mathbf|mathit|mathsf|"
                        r"mathbb|operatorname|boldsymbol|bm|hbox)\s*\{")
 _UNITS = (r"(?:square\s+|sq\.?\s+|cubic\s+)?(?:units?|cm|mm|km|m|meters?|metres?|centimeters?|kilometers?|inch(?:es)?|"
@@ -182,8 +205,8 @@ def _replace_text_blocks(s: str) -> str:
             return content.strip()
         if m.group().startswith("\\operatorname"):
             new = content
-        elif re.fullmatch(r"\s*(?:or|and)\s*", content):
-            new = ","
+        elif re.search(r"(?<![a-zA-Z])(?:or|and)(?![a-zA-Z])", content):  # "\text{ or }", "\text{ (or }"
+            new = re.sub(r"(?<![a-zA-Z])(?:or|and)(?![a-zA-Z])", ",", content)
         elif _UNIT_TEXT.fullmatch(content) and _ends_item(s[tail:]):  # only a unit word ending an item is
             new = ""  # dropped: "5 \text{ million}" and "5 \text{ times } 3" keep their words (WRONG for 5, 53)
             power = re.match(r"\s*\^\s*(?:\{\s*[23]\s*\}|[23])", s[tail:])
@@ -245,6 +268,15 @@ def _tokens(s: str) -> list[str]:
     return _TOKEN.findall(s)
 
 
+# a mixed number: digits then \frac of digits, alone between item or chain separators (else 2\frac{\pi}{3} is a product)
+_MIXED = re.compile(r"(?<![^,;(\[{=])(-?)(\d{1,50})\\frac\{(\d{1,50})\}\{(\d{1,50})\}(?![^,;)\]}=\\])")
+
+
+def _mixed(m: re.Match) -> str:
+    whole, num, den = int(m.group(2)), int(m.group(3)), int(m.group(4))
+    return f"{m.group(1)}\\frac{{{whole * den + num}}}{{{den}}}" if den else m.group()
+
+
 def _repeating(m: re.Match) -> str:
     """0.1\\overline{6} -> \\frac{1}{6} (whole part, non-repeating digits, repeating digits)."""
     whole, fixed, rep = int(m.group(1) or 0), m.group(2), m.group(3)
@@ -256,9 +288,16 @@ def normalize(s: str) -> str:
     """Canonical LaTeX string of an answer (see the module docstring); only string rewrites, no evaluation."""
     s = str(s)[:MAX_RESPONSE_CHARS]
     s = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", s)
+    listed = re.search(r"\d,\s", s) is not None  # "190, 129, 130" is a list; "190,129,130" may be thousands
     for k, v in _UNICODE.items():
         if k in s:
             s = s.replace(k, v)
+    s = _SUPERSCRIPTS.sub(lambda m: "^{" + m.group().translate(_SUPERSCRIPT_DIGITS) + "}", s)  # 5² -> 5^{2}
+    s = _SUBSCRIPTS.sub(lambda m: "_{" + m.group().translate(_SUBSCRIPT_DIGITS) + "}", s)
+    s = _PHANTOM.sub("", s)  # invisible (alignment in matrices): "\phantom{-}1" is 1, "0\phantom{10}" is 0
+    s = re.sub(r"\\(?:lor|vee)(?![a-zA-Z])", ",", s)  # "2 \lor 4": a list (like "or"), not 2
+    if "\\begin" not in s:  # a line break outside a matrix or array: one more item, not a place to hide one
+        s = re.sub(r"\\\\|\\newline(?![a-zA-Z])", ",", s)
     s = re.sub(r"\\\\|\\[$()\[\]]|\$", lambda m: m.group() if m.group() == "\\\\" else "", s)
     s = re.sub(r"\\(?:Rightarrow|Longrightarrow|implies)\s*(?:\\text(?:bf)?\{\s*\(?[A-E]\)?\s*\}|\(?[A-E]\)?)\s*$", "", s)
     s = _drop_choice_label(s)
@@ -266,14 +305,17 @@ def normalize(s: str) -> str:
     s = re.sub(r"\\hspace\*?\{[^{}]*\}|\\textdollar(?![a-zA-Z])", " ", s)
     s = re.sub(r"\\(?:left|right)\s*\.", "", s)
     s = _SIZING.sub("", s)
-    s = _SPACING.sub(lambda m: m.group() if m.group() == "\\\\" else " ", s)
+    # "a \quad b" is two items (not the product a b); other spacing is a space
+    s = _SPACING.sub(lambda m: m.group() if m.group() == "\\\\" else "," if "quad" in m.group() else " ", s)
     s = s.replace("{,}", ",").replace("\\lbrace", "\\{").replace("\\rbrace", "\\}")
     s = re.sub(r"\\langle(?![a-zA-Z])", "(", s)
     s = re.sub(r"\\rangle(?![a-zA-Z])", ")", s)
     s = re.sub(r"\\(?:leq|leqslant)(?![a-zA-Z])", r"\\le", s)
     s = re.sub(r"\\(?:geq|geqslant)(?![a-zA-Z])", r"\\ge", s)
     s = re.sub(r"\\(?:neq)(?![a-zA-Z])", r"\\ne", s)
+    s = re.sub(r"\\(?:approx|equiv)(?![a-zA-Z])", "=", s)  # a side of a chain: "5 \approx 6" must agree too
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])", "", s)
+    s = re.sub(r"(?<!\\)%(?=\s*[^\s.])", ",", s)  # a bare % with more after it starts a LaTeX comment: not "w% g"
     s = s.replace("\\%", "").replace("%", "")
     s = _replace_text_blocks(s).strip()
     s = _TRAILING_UNIT.sub("", s)
@@ -288,7 +330,7 @@ def normalize(s: str) -> str:
     s = re.sub(r"(\d*)\.(\d{0,30})\\overline\{?(\d{1,30})\}?", _repeating, s)  # 0.\overline{3} -> \frac{1}{3}
     s = re.sub(r"\\sqrt\(([^()]*)\)", r"\\sqrt{\1}", s)
     s = _brace_args(s)
-    s = re.sub(r"([\^_])\{(\w)\}", r"\1\2", s)
+    s = re.sub(r"([\^_])\{(\w)\}(?![\d.])", r"\1\2", s)  # x^{2} -> x^2, but 2^{2}3 stays (not 2^23)
     s = re.sub(r"(?<![a-zA-Z\\])pi(?![a-zA-Z])", r"\\pi", s)
     s = re.sub(r"(?<![\d.])\.(\d)", r"0.\1", s)
     s = re.sub(r"\+\\infty", r"\\infty", s)
@@ -297,12 +339,9 @@ def normalize(s: str) -> str:
     m = _VAR_PREFIX.match(s)
     if m and m.end() < len(s) and "=" not in s[m.end():]:
         s = s[m.end():]
-    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s):
+    if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s) and not listed:
         s = s.replace(",", "")
-    m = re.fullmatch(r"(-?)(\d+)\\frac\{(\d+)\}\{(\d+)\}", s)  # mixed number 1\frac{4}{5}
-    if m and int(m.group(4)) and len(s) < 100:
-        whole, num, den = int(m.group(2)), int(m.group(3)), int(m.group(4))
-        s = f"{m.group(1)}\\frac{{{whole * den + num}}}{{{den}}}"
+    s = _MIXED.sub(_mixed, s)  # 1\frac{4}{5} -> \frac{9}{5}, as the whole answer or an item of a list or chain
     m = re.fullmatch(r"\(([A-Z])\)|([A-Z])[.)]", s)
     if m:
         s = m.group(1) or m.group(2)
@@ -411,6 +450,29 @@ def _factorial(v):
     return Fraction(math.factorial(int(v)))
 
 
+def _gamma(v):
+    """\\Gamma(n) = (n-1)! at positive integers (so \\Gamma(10^{10}) is refused like a huge factorial, in-process);
+    elsewhere undecided (the symbolic step)."""
+    if isinstance(v, Fraction) and v.denominator == 1:
+        if v <= 0:
+            raise _Undefined("pole of Gamma")
+        return _factorial(v - 1)
+    raise _NotNumeric("Gamma of a non-integer")
+
+
+def _binom(n, k):
+    """\\binom{n}{k} of integers n >= 0 exactly (refused when the result could pass MAX_BITS); else undecided."""
+    if not all(isinstance(x, Fraction) and x.denominator == 1 for x in (n, k)) or n < 0:
+        raise _NotNumeric("binomial of non-integers")
+    n, k = int(n), int(k)
+    if k < 0 or k > n:
+        return Fraction(0)
+    k = min(k, n - k)
+    if k * n.bit_length() > MAX_BITS:
+        raise _TooBig("binomial too large")
+    return Fraction(math.comb(n, k))
+
+
 def _number(tok: str) -> Fraction:
     tok = tok.rstrip(".")
     if len(tok) > 400:
@@ -426,14 +488,15 @@ _DIV = {"/", "\\div"}
 _CONST = {"\\pi": complex(math.pi), "i": 1j}
 
 
-_ATOM_START = {"(", "{", "\\frac", "\\sqrt", "\\pi"}
+_BINOM = {"\\binom", "\\dbinom", "\\tbinom"}
+_ATOM_START = {"(", "{", "\\frac", "\\sqrt", "\\pi", "\\Gamma"} | _BINOM
 _GREEK = {"\\" + g for g in ("alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta kappa lambda mu "
                               "nu xi rho sigma tau phi varphi chi psi omega").split()}
 
 
 class _Evaluator:
-    """Recursive descent over LaTeX tokens: + - * / \\cdot \\times \\div ^ ! \\frac \\sqrt[n] \\pi i, implicit
-    multiplication, () {} grouping. Raises _NotNumeric / _TooBig / _Undefined."""
+    """Recursive descent over LaTeX tokens: + - * / \\cdot \\times \\div ^ ! \\frac \\sqrt[n] \\pi i \\Gamma
+    \\binom, implicit multiplication, () {} grouping. Raises _NotNumeric / _TooBig / _Undefined."""
 
     def __init__(self, s: str, env: dict | None = None):
         self.env = env or {}  # values of variables (the random-point check)
@@ -482,6 +545,8 @@ class _Evaluator:
                 self.take()
                 v = _arith("/", v, self.unary())
             elif t is not None and (t[0].isdigit() or t[0] == "." or t.isalpha() or t in _ATOM_START or t in self.env):
+                if (t[0].isdigit() or t[0] == ".") and self.toks[self.i - 1][-1:].isdigit():
+                    raise _NotNumeric("two numbers in a row")  # "10.00.000", "1.2.3": not a product
                 v = _arith("*", v, self.power())  # implicit multiplication: 2\pi, 3\sqrt{2}, 2(3)
             else:
                 return v
@@ -545,6 +610,11 @@ class _Evaluator:
                 if self.take() != "]":
                     raise _NotNumeric("unbalanced \\sqrt[")
             v = _pow(self.group(), _arith("/", Fraction(1), k))
+        elif t == "\\Gamma":
+            v = _gamma(self.group())
+        elif t in _BINOM:
+            n = self.group()
+            v = _binom(n, self.group())
         elif t in _CONST:
             v = _CONST[t]
         elif t in self.env:
@@ -555,6 +625,7 @@ class _Evaluator:
         return v
 
 
+@functools.lru_cache(maxsize=1024)  # a set answer compares each item with each of the gold's
 def _value(s: str):
     """("ok", value) | ("notnum", None) | ("toobig", None) | ("undefined", None)."""
     try:
@@ -576,17 +647,26 @@ def _differ_at_points(p: str, g: str) -> bool:
     names = sorted({t for t in _tokens(p) + _tokens(g) if len(t) == 1 and t.isalpha() and t not in "ie" or t in _GREEK})
     if not names or len(names) > 8:
         return False
-    for j in range(2):
-        env = {n: Fraction(11 + 7 * k + 3 * j, 5 + 2 * k + j) for k, n in enumerate(names)}
-        try:
-            a, b = _Evaluator(p, env).value(), _Evaluator(g, env).value()
-        except (_NotNumeric, _TooBig, _Undefined, ArithmeticError, ValueError):
-            return False
-        if not (isinstance(a, Fraction) and isinstance(b, Fraction)):
+    for a, b in zip(_at_points(p, tuple(names)), _at_points(g, tuple(names))):
+        if a is None or b is None:
             return False
         if a != b:
             return True
     return False
+
+
+@functools.lru_cache(maxsize=1024)
+def _at_points(s: str, names: tuple) -> tuple:
+    """The exact values of s at the two points of _differ_at_points (None where it is not rational there)."""
+    out = []
+    for j in range(2):
+        env = {n: Fraction(11 + 7 * k + 3 * j, 5 + 2 * k + j) for k, n in enumerate(names)}
+        try:
+            v = _Evaluator(s, env).value()
+        except (_NotNumeric, _TooBig, _Undefined, ArithmeticError, ValueError):
+            v = None
+        out.append(v if isinstance(v, Fraction) else None)
+    return tuple(out)
 
 
 def _num_equal(a, b, approximate: bool = False) -> bool | None:
@@ -598,8 +678,9 @@ def _num_equal(a, b, approximate: bool = False) -> bool | None:
         a, b = _approx(a), _approx(b)
     except _NotNumeric:
         return None
-    if approximate:
-        return abs(a - b) <= NUMERIC_REL_TOL * max(abs(a), abs(b)) + 1e-15
+    if approximate:  # real and imaginary parts each to their own tolerance: 5e10 + i is not 5e10
+        return all(abs(x - y) <= NUMERIC_REL_TOL * max(abs(x), abs(y)) + 1e-15
+                   for x, y in ((a.real, b.real), (a.imag, b.imag)))
     if abs(a - b) > DISTINCT_REL_TOL * max(abs(a), abs(b)) + 1e-300:
         return False
     return None
@@ -660,6 +741,7 @@ def _expand_pm(elems: list[str]) -> list[str]:
 _MATRIX = re.compile(r"\\begin\{([pbBvV]?matrix|smallmatrix|array)\}(.*)\\end\{\1\}", re.S)
 
 
+@functools.lru_cache(maxsize=1024)  # each item of a set answer meets each of the gold's; the lists are read only
 def _structure(s: str):
     """("scalar", s) | ("seq", brackets, [items]) | ("set", [items]) | ("union", [items]) | ("matrix", rows)."""
     parts = _split_top(s, "\\cup")
@@ -689,13 +771,33 @@ _RELATION = re.compile(r"[<>]|\\(?:le|ge|lt|gt|ne|in)(?![a-zA-Z])")
 _BASE_NUMBER = re.compile(r"[0-9A-Za-z]+_\{?\d+\}?")
 
 
+# The LaTeX commands an answer may hold beyond those normalize() rewrites: those that may reach sympy (its parser
+# drops or guesses what it does not know: it read "2 \lor 4", "0\phantom{10}", "81/10\tag{81}" and a "6" with a
+# combining stroke as the gold) and those of a text answer. Any other (\not, \neg, \cancel, \sout, \tag,
+# \footnote, \color ...) makes an answer WRONG unless the gold has it too.
+_KNOWN_COMMANDS = frozenset("\\" + c for c in """
+    frac sqrt cdot times div pm mp le ge lt gt ne leq geq neq sim infty cup cap setminus in notin subset
+    subseteq supset supseteq emptyset varnothing mid vert lvert rvert lfloor rfloor lceil rceil langle rangle begin
+    end circ sin cos tan cot sec csc arcsin arccos arctan sinh cosh tanh log ln exp lg max min gcd lcm det deg
+    pi alpha beta gamma delta epsilon varepsilon zeta eta theta vartheta iota kappa lambda mu nu xi rho varrho sigma
+    varsigma tau upsilon phi varphi chi psi omega Gamma Delta Theta Lambda Xi Pi Sigma Upsilon Phi Psi Omega
+    binom dbinom tbinom choose mod bmod pmod prime dot ddot bar overline hat vec tilde widehat angle triangle hbar ell
+    partial nabla sum prod int lim to rightarrow mho odot""".split())
+
+
+def _unknown_commands(p: str, g: str) -> bool:
+    """Does p hold a command neither known nor in g?"""
+    return bool(set(re.findall(r"\\[a-zA-Z]+", p)) - _KNOWN_COMMANDS - set(re.findall(r"\\[a-zA-Z]+", g)))
+
+
 def _is_text(s: str) -> bool:
     bare = re.sub(r"\\[a-zA-Z]+", " ", s)
     return bool(re.search(r"[a-zA-Z]{3,}", bare))
 
 
 def _text_key(s: str) -> str:
-    return re.sub(r"[^a-z0-9]", "", re.sub(r"\\[a-zA-Z]+", "", s).lower())
+    """Letters and digits, lower case; non-ASCII characters are kept (a combining stroke makes "even" "not even")."""
+    return "".join(ch for ch in re.sub(r"\\[a-zA-Z]+", "", s).lower() if ch.isalnum() or not ch.isascii())
 
 
 def _scalar(p: str, g: str):
@@ -711,7 +813,7 @@ def _scalar(p: str, g: str):
         if chain is not None:
             return chain
     if _is_text(g) or _is_text(p) or _BASE_NUMBER.fullmatch(g) or _BASE_NUMBER.fullmatch(p):
-        return _text_key(p) == _text_key(g) and bool(_text_key(g))
+        return _text_key(p) == _text_key(g) and bool(_text_key(g)) and not _unknown_commands(p, g)
     ps, pv = _value(p)
     gs, gv = _value(g)
     if ps in ("toobig", "undefined") or gs in ("toobig", "undefined"):
@@ -802,8 +904,13 @@ def _compare(p: str, g: str, depth: int = 0) -> bool | list:
 
 
 def _screen(s: str) -> bool:
-    """May this string go to sympy? No huge exponents, factorials or literals, no deep nesting."""
+    """May this string go to sympy? ASCII only, known commands only, no empty item ("(,", ",,": what sympy's
+    parser skips over), no huge exponents, factorials or literals, no deep nesting."""
     if len(s) > SYMBOLIC_MAX_CHARS or _depth(s) > SYMBOLIC_MAX_DEPTH:
+        return False
+    if not s.isascii() or re.search(r"[(\[{,;][,;)\]}]|\d\.\d*\.\d", s):  # "1.2.3": no number to guess
+        return False
+    if _unknown_commands(s, ""):
         return False
     if sum(_OPENERS.get(t, 0) for t in _tokens(s)) != 0 or re.search(r"[-+*/^_=]$|[\^_]\{\}|\\$", s):
         return False  # malformed: math-verify would guess (2^ -> 2)
@@ -892,7 +999,7 @@ def _symbolic_equal(reqs: list) -> bool:
     (sympy), after a cheap evaluation at two points; ("match", table): a perfect matching of equal cells."""
     import logging
 
-    from math_verify import parse
+    from math_verify import LatexExtractionConfig, parse
     from math_verify import verify as mv_verify
 
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
@@ -903,14 +1010,17 @@ def _symbolic_equal(reqs: list) -> bool:
         try:
             for t in (p, g):
                 if t not in parsed:
-                    parsed[t] = parse(f"${t}$", parsing_timeout=None)
+                    # LaTeX only: the default also extracts a plain expression when the LaTeX does not parse,
+                    # and found the 5 of "5 \\sum 6" (a string in parsed[t] is such a failure)
+                    parsed[t] = parse(f"${t}$", extraction_config=[LatexExtractionConfig()], parsing_timeout=None)
             gold, pred = parsed[g], parsed[p]
             if closed and gold and pred:  # closed numeric forms: the letter i is the imaginary unit
                 from sympy import I
 
                 gold, pred = [[x.subs({s: I for s in getattr(x, "free_symbols", ()) if s.name == "i"})
                                if hasattr(x, "subs") else x for x in v] for v in (gold, pred)]
-            if not gold or not pred or _sympy_differ(gold[0], pred[0]):
+            if not gold or not pred or isinstance(gold[0], str) or isinstance(pred[0], str) \
+                    or _sympy_differ(gold[0], pred[0]):
                 return False
             if closed or _exact_closed(gold[0], pred[0]):  # no rounding: 3.1415926535897 != pi, 2.718281828 != e
                 return _sympy_exact_equal(pred[0], gold[0])
@@ -1004,13 +1114,17 @@ def _run_symbolic(reqs: list, timeout: float | None) -> Verdict:
     return Verdict.CORRECT if equal else Verdict.WRONG
 
 
+def _gold_text(gold) -> str:
+    return ", ".join(map(str, gold)) if isinstance(gold, (list, tuple)) else str(gold)
+
+
 def check(pred: str, gold: str, timeout: float | None = None) -> Verdict:
     """Verdict for an already extracted answer `pred` against the reference `gold`. Never raises."""
     try:
-        gold = ", ".join(map(str, gold)) if isinstance(gold, (list, tuple)) else str(gold)
-        decided = _decide(pred, gold)
+        decided = _decide(pred, _gold_text(gold))
         return decided if isinstance(decided, Verdict) else _run_symbolic(decided, timeout)
-    except Exception:  # a verifier bug costs one reward, not the run
+    except Exception as e:  # a verifier bug costs one reward, not the run
+        log.warning("math verifier raised %s: %s", type(e).__name__, e)
         return Verdict.UNPARSABLE
 
 
@@ -1021,12 +1135,19 @@ def verify(response: str, answer: str, timeout: float | None = None) -> Verdict:
     <Verdict.CORRECT: 'correct'>
     """
     try:
-        pred = extract_answer(response)
-        if pred is None:
-            return Verdict.UNPARSABLE
-        return check(pred, answer, timeout)
-    except Exception:
+        return _verify(response, answer, timeout)
+    except Exception as e:
+        log.warning("math verifier raised %s: %s", type(e).__name__, e)
         return Verdict.UNPARSABLE
+
+
+def _verify(response: str, answer, timeout: float | None = None) -> Verdict:
+    """verify() without its guard (the fuzz test counts what this raises)."""
+    pred = extract_answer(response)
+    if pred is None:
+        return Verdict.UNPARSABLE
+    decided = _decide(pred, _gold_text(answer))
+    return decided if isinstance(decided, Verdict) else _run_symbolic(decided, timeout)
 
 
 def verify_batch(responses: list[str], answers: list[str], timeout: float | None = None) -> list[Verdict]:
@@ -1040,10 +1161,9 @@ def verify_batch(responses: list[str], answers: list[str], timeout: float | None
     for k, (response, answer) in enumerate(zip(responses, answers)):
         try:
             pred = extract_answer(response)
-            if isinstance(answer, (list, tuple)):
-                answer = ", ".join(map(str, answer))
-            decided = Verdict.UNPARSABLE if pred is None else _decide(pred, str(answer))
-        except Exception:
+            decided = Verdict.UNPARSABLE if pred is None else _decide(pred, _gold_text(answer))
+        except Exception as e:
+            log.warning("math verifier raised %s: %s", type(e).__name__, e)
             decided = Verdict.UNPARSABLE
         if isinstance(decided, Verdict):
             verdicts[k] = decided

@@ -10,10 +10,12 @@ so `fn` must be importable) over the worker's stdin, results come back over its 
 corrupt the channel.
 
 The caller waits with `Connection.poll(remaining)`: no signals, so any thread may call. A worker past its
-limit is SIGKILLed and replaced on demand (the caller returns about a millisecond after the limit); a worker
-that dies (segfault, OOM kill) gives EOF -> `SandboxError`; an exception raised by `fn` is re-raised in the
-caller. Starting a worker (interpreter, imports and `init`, about 1 s) is not counted in `timeout` but is
-bounded by START_TIMEOUT; `warm()` starts workers ahead of time. Waiting for a busy worker counts.
+limit is SIGKILLed (the caller returns about a millisecond after the limit), however it is stuck (in C code,
+in sympy), and a replacement starts at once in the background; a worker that dies (segfault, OOM kill) gives
+EOF -> `SandboxError` and is replaced the same way; an exception raised by `fn` is re-raised in the caller.
+Starting a worker on demand (interpreter, imports and `init`, about 1 s) is not counted in `timeout` but is
+bounded by START_TIMEOUT; `warm()` starts workers ahead of time. Waiting for a busy worker, or for a replacement
+still starting, counts: so calls that share a deadline (math.verify_batch) end by it, stalled workers or not.
 
 Backstops inside the worker: an address-space limit (`memory_mb`, MemoryError instead of swapping the host),
 a CPU-time limit per call (the kernel kills a worker that computes for timeout + about 3 s even if the
@@ -106,13 +108,27 @@ class Pool:
     def _release(self, worker: _Worker | None, healthy: bool) -> None:
         with self._cond:
             keep = healthy and not self._closed
-            if keep:
+            replace = worker is not None and not keep and not self._closed  # its slot goes to the replacement,
+            if keep:  # so that no caller starts one of its own meanwhile (a start it would not count)
                 self._idle.append(worker)
-            else:
+            elif not replace:
                 self._count -= 1
             self._cond.notify()
         if worker is not None and not keep:
             worker.kill()
+        if replace:
+            threading.Thread(target=self._replace, name="sandbox-replace", daemon=True).start()
+
+    def _replace(self) -> None:
+        """Start a worker in the background for one that was killed or died (callers wait for it, counted)."""
+        try:
+            worker = _Worker(self.init, self.memory_mb)
+        except BaseException:
+            with self._cond:  # not _release: a worker that cannot start is not retried in a loop
+                self._count -= 1
+                self._cond.notify()
+            return
+        self._release(worker, True)
 
     def warm(self, n: int | None = None) -> None:
         """Start workers now (up to `n`, default `size`) so that the first calls don't pay the start."""
