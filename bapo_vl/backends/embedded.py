@@ -5,7 +5,7 @@ It holds three copies of the policy: the trainer policy pi_theta (updated every 
 generates, scores log-probs, updates and syncs; what to train on is decided in bapo_vl/algorithm.py.
 
 Sequence layout (bapo_vl/backends/base.py::pack): [left pad][prompt][response][right pad]; every response starts at
-the same column P, so `logits_to_keep` skips the prompt logits.
+the same column P, so the LM head is applied to the response positions only (see `_token_logprobs`).
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from bapo_vl.backends.base import Policy, Response, UpdateBatch, old_logprobs, pack, right_pad
@@ -27,6 +28,7 @@ from bapo_vl.problem import Problem
 log = logging.getLogger(__name__)
 POLICY_DIR = Path(__file__).resolve().parent.parent / "policy"
 CHECKPOINT = "backend.pt"  # what save_checkpoint writes into a checkpoint folder
+LOGIT_ROWS = 512  # response tokens whose full-vocabulary logits are materialised at once (x V floats each)
 
 
 def resolve_model(name: str) -> str:
@@ -176,24 +178,45 @@ class EmbeddedBackend:
 
     def _token_logprobs(self, model, batch, n_response: int, with_entropy: bool = False):
         """Log-probs (B, R) of the response tokens under `model` at the sampling temperature, and the entropy (B, R)
-        when asked: with a graph only if it enters the loss (entropy_coef != 0), else only measured."""
+        when asked: with a graph only if it enters the loss (entropy_coef != 0), else only measured. Both are 0 on
+        right padding.
+
+        The LM head runs only on the hidden states that predict a response token (not on the prompt, the left or
+        right padding, or the last position), `LOGIT_ROWS` of them at a time under activation checkpointing, so at
+        most one chunk's (rows, V) float32 logits exist at once, forward or backward."""
         P = batch.pop("P")
-        with self._autocast():
-            logits = model(**batch, logits_to_keep=n_response + 1).logits[:, :-1].float()  # (B, R, V)
-        logits = logits / self.cfg.temperature
         targets = batch["input_ids"][:, P:]  # (B, R)
-        logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        valid = batch["attention_mask"][:, P:].bool()  # (B, R), False on right padding
+        with self._autocast():
+            hidden = model.model(**batch, use_cache=False).last_hidden_state  # (B, L, H)
+        rows = hidden[:, P - 1:P - 1 + n_response][valid]  # (n, H): the state before each response token
+        grad_entropy = torch.is_grad_enabled() and self.cfg.entropy_coef != 0
+        head = lambda h, t: self._head_logprobs(model.lm_head, h, t, with_entropy)  # noqa: E731
+        parts = [checkpoint(head, h, t, use_reentrant=False) if torch.is_grad_enabled() else head(h, t)
+                 for h, t in zip(rows.split(LOGIT_ROWS), targets[valid].split(LOGIT_ROWS))]
+        logp = hidden.new_zeros(valid.shape, dtype=torch.float32)
+        logp[valid] = torch.cat([lp for lp, _ in parts]) if parts else logp.new_zeros(0)
         entropy = None
         if with_entropy:
-            with torch.set_grad_enabled(torch.is_grad_enabled() and self.cfg.entropy_coef != 0):
-                entropy = entropy_from_logits(logits)
+            entropy = torch.zeros_like(logp)
+            ent = torch.cat([e for _, e in parts]) if parts else logp.new_zeros(0)
+            entropy[valid] = ent if grad_entropy else ent.detach()
         return logp, entropy
+
+    def _head_logprobs(self, lm_head, hidden, targets, with_entropy: bool):
+        """(n,) log-probs of `targets` and (n,) entropies (or None) from (n, H) hidden states, in float32."""
+        with self._autocast():
+            logits = lm_head(hidden).float() / self.cfg.temperature  # (n, V)
+        logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
+        return logp, entropy_from_logits(logits) if with_entropy else None
 
     @torch.no_grad()
     def score(self, model, prompts: list[dict], responses: list) -> torch.Tensor:
-        """(N, R) log-probs of each response's tokens under `model`, right-padded with 0 (on CPU)."""
+        """(N, R) log-probs of each response's tokens under `model`, right-padded with 0 (on CPU). Sequences are
+        batched in order of length, so each micro-batch is padded little beyond its own sequences."""
         out = torch.zeros(len(responses), max(len(r) for r in responses))
-        for idx in _chunks(list(range(len(prompts))), self.cfg.micro_batch_size):
+        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]["input_ids"]) + len(responses[i]))
+        for idx in _chunks(order, self.cfg.micro_batch_size):
             batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
             R = max(len(responses[i]) for i in idx)
             logp, _ = self._token_logprobs(model, batch, R)

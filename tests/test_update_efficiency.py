@@ -1,0 +1,108 @@
+"""The embedded backend's log-probs, entropy, loss and gradients against a plain reference computation (full-sequence
+logits -> log_softmax -> gather), for the bundled text policy and a tiny Qwen2.5-VL, and the LM head applied to
+exactly the response tokens (CPU, float32)."""
+import pytest
+import torch
+
+from bapo_vl.backends import embedded
+from bapo_vl.backends.embedded import EmbeddedBackend
+from bapo_vl.config import load_config
+from bapo_vl.losses import total_loss
+from bapo_vl.plugins import get_task
+from bapo_vl.tiny import build_qwen2_5_vl
+
+TOL = dict(rtol=1e-4, atol=1e-5)  # fp32: the new path sums in another order (chunks, fewer rows) than the reference
+
+
+class CountingHead(torch.nn.Module):
+    """The real LM head, counting the rows it is applied to."""
+
+    def __init__(self, head):
+        super().__init__()
+        self.head, self.rows = head, 0
+
+    def forward(self, h):
+        self.rows += h.reshape(-1, h.shape[-1]).shape[0]
+        return self.head(h)
+
+
+def reference(backend, prompts, responses):
+    """(N, R) log-probs and entropies from the full model's logits at every position, 0 on right padding."""
+    batch = backend._collate(prompts, responses)
+    P = batch.pop("P")
+    R = max(len(r) for r in responses)
+    logits = backend.policy(**batch).logits[:, P - 1:P - 1 + R].float() / backend.cfg.temperature  # (N, R, V)
+    logp_all = torch.log_softmax(logits, -1)
+    mask = batch["attention_mask"][:, P:].float()
+    logp = logp_all.gather(-1, batch["input_ids"][:, P:, None]).squeeze(-1) * mask
+    entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
+    return logp, entropy, mask
+
+
+def check(backend, prompts, responses):
+    policy = backend.policy
+    R = max(len(r) for r in responses)
+    ref_logp, ref_ent, mask = reference(backend, prompts, responses)
+    # no grad (score): log-probs, and the LM head applied to the response tokens only
+    counting = CountingHead(policy.lm_head)
+    policy.lm_head = counting
+    try:
+        scored = backend.score(policy, prompts, responses)
+    finally:
+        policy.lm_head = counting.head
+    assert counting.rows == sum(len(r) for r in responses)
+    torch.testing.assert_close(scored, ref_logp.detach(), **TOL)
+
+    # with grad (_backward): loss and gradients
+    g = torch.Generator().manual_seed(0)
+    terms = dict(mask=mask, adv=torch.randn(mask.shape, generator=g) * mask,
+                 old=ref_logp.detach() + 0.05 * torch.randn(mask.shape, generator=g), ref=ref_logp.detach() - 0.1,
+                 is_w=None)
+    n_tokens = int(mask.sum())
+    loss, _ = total_loss(ref_logp, terms["old"], terms["adv"], mask, backend.loss_cfg, ref_logp=terms["ref"],
+                         entropy=ref_ent, n_tokens=n_tokens, n_seqs=len(prompts))
+    policy.zero_grad()
+    loss.backward()
+    want = {k: p.grad.clone() for k, p in policy.named_parameters() if p.grad is not None}
+    policy.zero_grad()
+    idx = list(range(len(prompts)))
+    metrics = backend._backward(idx, prompts, responses, terms, n_tokens, len(idx))
+    got = {k: p.grad for k, p in policy.named_parameters() if p.grad is not None}
+    assert metrics["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
+    assert set(got) == set(want)
+    for k in want:
+        torch.testing.assert_close(got[k], want[k], **TOL, msg=k)
+    batch = backend._collate(prompts, responses)
+    logp, entropy = backend._token_logprobs(policy, batch, R, with_entropy=True)
+    torch.testing.assert_close(entropy.detach(), ref_ent.detach(), **TOL)
+
+
+def make(model, tmp_path, **kw):
+    values = dict(task="countdown", task_options="{template: compact}", model=model, device="cpu", dtype="float32",
+                  max_prompt_length=512, max_response_length=8, kl_coef=0.01, entropy_coef=0.01, temperature=0.7,
+                  run_dir=tmp_path, seed=3)
+    values.update(kw)
+    return EmbeddedBackend(load_config(overrides=[f"{k}={v}" for k, v in values.items()]))
+
+
+def test_text_logprobs_entropy_loss_and_grads_match_full_logits(tmp_path, monkeypatch):
+    # Could fail if the head saw the prompt/padding rows, if a chunk boundary or the checkpointed recompute changed a
+    # log-prob, an entropy or a gradient, or if right padding leaked into the loss.
+    monkeypatch.setattr(embedded, "LOGIT_ROWS", 5)  # several chunks, one of them partial
+    backend = make("countdown-tiny", tmp_path, micro_batch_size=2)  # score() in length-sorted micro-batches
+    problems = get_task("countdown").load(split="train", template="compact")[:3]
+    prompts = [backend.encode(p) for p in problems]
+    responses = [[40, 41, 42, 43, 44, 45, 46], [50, 51], [60, 61, 62, 63]]
+    check(backend, prompts, responses)
+
+
+def test_vl_logprobs_entropy_loss_and_grads_match_full_logits(tmp_path, monkeypatch, geometry3k_source):
+    monkeypatch.setattr(embedded, "LOGIT_ROWS", 4)
+    model, processor = build_qwen2_5_vl(max_pixels=56 * 56)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    backend = make(tmp_path / "vl", tmp_path, task="geometry3k", task_options="{}", max_pixels=56 * 56)
+    problems = get_task("geometry3k").load(split="train", source=geometry3k_source, limit=2)
+    prompts = [backend.encode(p) for p in problems]
+    assert all("pixel_values" in p for p in prompts)
+    check(backend, prompts, [[70, 71, 72, 73, 74, 75], [80, 81, 82]])
