@@ -174,7 +174,7 @@ def render_ledger(run: Run, which: str) -> list:
     note = f"{total} prompt(s) {which}" + (f"; the {LEDGER_ROWS} most recent shown" if total > LEDGER_ROWS else "")
     curve = views.line_spec(views.ledger_curve(ledger, steps["step"]), "step", "prompts", "series",
                             "Hard prompts over steps", SPEC_HEIGHT, zero=True)
-    return [views.ledger_text(ledger, G), vega(curve), table, note]
+    return [views.ledger_text(ledger, G) + "\n\n" + views.hard_set_text(run.evals()), vega(curve), table, note]
 
 
 def _step_range(steps: pd.DataFrame) -> tuple[int, int]:
@@ -623,8 +623,18 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
         run_dd.select(lambda tab, *args: {listed: None, **render(tab, {**dict(zip(names, args)), "listed": None})},
                      [active, *inputs], [listed, *every, live, shown], trigger_mode="always_last",
                      show_progress="hidden")
-        weight.input(lambda tab, *args: render(tab, dict(zip(names, args))), [active, *inputs], [*every, live, shown],
-                     trigger_mode="always_last", show_progress="hidden")
+        # a smoothing change redraws only the smoothed charts of the tab in view (Training health: not its text,
+        # verdict chart or picker; Batch, ledger, bins, prompt: nothing). `shown` is left alone: a step committed
+        # meanwhile still makes the next poll redraw the whole tab
+        smoothed = {TAB_OVERVIEW: {ov_reward}, TAB_HEALTH: {*h_plots[:len(views.HEALTH)], h_other_plot},
+                    TAB_COMPARE: {c_plot, c_csv}}  # the CSV holds the smoothed values too
+
+        def resmooth(tab, *args):
+            drawn = render(tab, dict(zip(names, args))) if tab in smoothed else {}
+            return {comp: v for comp, v in drawn.items() if comp in smoothed[tab]}
+
+        weight.input(resmooth, [active, *inputs], [*every, live, shown], trigger_mode="always_last",
+                     show_progress="hidden")
         for comp, tab in ((l_which, TAB_LEDGER), (mode, TAB_BINS), (step_a, TAB_BINS), (step_b, TAB_BINS),
                           (cells, TAB_BINS), (c_runs, TAB_COMPARE)):
             comp.input(renderer(tab), inputs, [*outputs[tab], live, shown], trigger_mode="always_last",

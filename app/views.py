@@ -545,6 +545,40 @@ def ledger_text(ledger: pd.DataFrame, G: int) -> str:
     return text
 
 
+HARD_SET, HARD_SET_NONE = "hard_set", "not evaluated (scripts/study.py)"  # the study's evals name (bapo_vl.study)
+
+
+def hard_set_result(evals: pd.DataFrame) -> dict | None:
+    """The run's latest held-out hard-set evaluation {step, unlocked_fraction, hard_set_size, k}, which
+    scripts/study.py writes into the record; None if it has none."""
+    e = evals[evals["name"] == HARD_SET] if not evals.empty else evals
+    if e.empty:
+        return None
+    last = e[e["step"] == e["step"].max()]
+    return {"step": int(last["step"].iloc[0]), **dict(zip(last["metric"], last["value"].astype(float)))}
+
+
+def hard_set_cell(evals: pd.DataFrame) -> str:
+    """The hard-set figure in a few words (Compare's table), or HARD_SET_NONE."""
+    h = hard_set_result(evals)
+    if h is None:
+        return HARD_SET_NONE
+    return f"{h['unlocked_fraction']:.3f} of {int(h['hard_set_size'])} (k = {int(h['k'])}, step {h['step']})"
+
+
+def hard_set_text(evals: pd.DataFrame) -> str:
+    """The algorithm-neutral measure beside the ledger's: of the held-out prompts the start policy got 0/k right,
+    the fraction this run's policy solves >= 1/k. Every run is judged on the same prompts, retried or not."""
+    h = hard_set_result(evals)
+    head = "Held-out hard set (algorithm-neutral, the same prompts for every run): "
+    if h is None:
+        return f"{head}<b id='hard-set-none'>{HARD_SET_NONE}</b>"
+    k, n = int(h["k"]), int(h["hard_set_size"])
+    return (f"{head}unlocked <b id='hard-set-unlocked'>{h['unlocked_fraction']:.3f}</b> of "
+            f"<b id='hard-set-size'>{n}</b> prompts that the start policy got 0/{k} right, now solved ≥ 1/{k} "
+            f"(k = <b id='hard-set-k'>{k}</b>, at step {h['step']})")
+
+
 LEDGER_SOLVED, LEDGER_RETRIED, LEDGER_NEVER, LEDGER_ALL = (
     "solved later", "retried, not solved", "never retried", "all")
 LEDGER_FILTERS = (LEDGER_SOLVED, LEDGER_RETRIED, LEDGER_NEVER, LEDGER_ALL)
@@ -728,8 +762,12 @@ def compare_frame(runs: dict[str, dict], metric: str, x_axis: str) -> pd.DataFra
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["x", "value", "run"])
 
 
+HARD_SET_COLUMN = "held-out hard set unlocked (algorithm-neutral)"
+
+
 def compare_table(runs: dict[str, dict]) -> pd.DataFrame:
-    """A summary row per run: size, reward early and late, and the ledger with its retries (comparable)."""
+    """A summary row per run: size, reward early and late, the ledger with its retries (comparable between runs
+    that retry), and the held-out hard set unlocked (comparable between any runs)."""
     rows = []
     for label, r in runs.items():
         s = summary(r["steps"], r["ledger"])
@@ -740,9 +778,10 @@ def compare_table(runs: dict[str, dict]) -> pd.DataFrame:
                      "hard (0/G at first)": s["first_unsolved"], "retried": retried,
                      "later solved": s["later_solved"],
                      "solved % of all": round(100 * s["later_solved_fraction"], 1),
-                     "solved % of retried": round(100 * frac_r, 1) if retried else None})
+                     "solved % of retried": round(100 * frac_r, 1) if retried else None,
+                     HARD_SET_COLUMN: hard_set_cell(r["evals"])})
     cols = ["run", "steps", "rollouts", "fresh reward, first 20 %", "fresh reward, last 20 %", "hard (0/G at first)",
-            "retried", "later solved", "solved % of all", "solved % of retried"]
+            "retried", "later solved", "solved % of all", "solved % of retried", HARD_SET_COLUMN]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -754,5 +793,5 @@ def compare_notes(table: pd.DataFrame, errors: dict[str, str]) -> str:
         if r[5] and not r[6]:  # hard prompts, none retried
             notes.append(f"<span class='compare-never'><b>{html.escape(str(r[0]))}</b> never generated a hard prompt "
                          f"again (no re-evaluation): its 'later solved' is 0 by construction; compare "
-                         f"'solved % of retried', or a held-out evaluation</span>")
+                         f"'solved % of retried', or the held-out hard set (scripts/study.py)</span>")
     return "<br>".join(notes) if notes else ""

@@ -18,7 +18,8 @@ Checkpoints. A run trains in segments: to max_rollouts = budget * i / n, then re
 reproduces an uninterrupted run: tests/test_crash_resume.py) to the next one, its newest checkpoint evaluated
 after each. So an evaluation sees the policy at the first step whose rollouts reach the checkpoint, the same rule
 that ends the run. Finished evaluations are kept in RUNS/study.jsonl: the same command run again continues where
-it stopped (a machine that allows 10 minutes a command runs it several times).
+it stopped (a machine that allows 10 minutes a command runs it several times). Each is also written into its run's
+record at that step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ import torch
 from bapo_vl.config import load_config
 from bapo_vl.evaluate import EvalOptions, run_eval
 from bapo_vl.reader import migration as bin_migration
-from bapo_vl.record import query_ro
+from bapo_vl.record import RunRecord, query_ro
 from bapo_vl.train import checkpoint_steps, resume_config, train
 
 # Grid entries: name -> config overrides. The first are the algorithms (config.ALGOS presets) ...
@@ -228,6 +229,20 @@ def newest_checkpoint(run_dir: Path) -> tuple[int, int, float]:
     return step, rollouts, seconds
 
 
+def record_evals(run_dir: Path, step: int, row: dict, hard: list[str], k: int) -> None:
+    """Write an evaluation into the run's own record (evals table, the writer `bapo eval --run` uses) at the step
+    it saw, so a run carries the study's measure with it: "hard_set" (unlocked_fraction, hard_set_size, k) and
+    "heldout" (greedy, mean@k, pass@k: the metric names `bapo eval --run` records)."""
+    record = RunRecord.open(run_dir, resume=False)  # an evaluation resumes nothing: the run's status stays
+    try:
+        record.log_eval(step, "hard_set", {"unlocked_fraction": unlocked(hard, row["counts"]),
+                                           "hard_set_size": len(hard), "k": k})
+        record.log_eval(step, "heldout", {"greedy": row["greedy"], "mean@k": row["mean@k"], "pass@k": row["pass@k"],
+                                          "k": k})
+    finally:
+        record.close()
+
+
 class Ledger:
     """The evaluations done, one JSON line each in RUNS/study.jsonl, keyed (entry, seed, budget); its first line
     holds the settings they were made with, and a later command with other settings is refused."""
@@ -281,6 +296,7 @@ def run_study(opts: StudyOptions, say=print) -> dict:
                                        f"{budget}: its steps={opts.budget} cap should never bind")
                 say(f"{entry} seed {seed}: {rollouts} rollouts at step {step} (budget {budget}), {seconds:.1f} s")
                 row = evaluate_policy(opts, cfg, str(run_dir), step, opts.eval_seed + 1)
+                record_evals(run_dir, step, row, hard, opts.k)  # first: a kill before the ledger line redoes both
                 ledger.add({"entry": entry, "seed": seed, "budget": budget, "step": step, "rollouts": rollouts,
                             "train_seconds": train_seconds, "device": device(cfg.device), **row})
                 if not opts.keep_checkpoints:

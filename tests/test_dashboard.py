@@ -55,6 +55,8 @@ READABLE = ["tiny", "tiny-live", "tiny-running", "grpo-synth"]  # the module ser
 # a prompt text that tries to leave its code block and load an outside image (tasks' data is hostile input)
 HOSTILE = ("What is 2 + 2?\n```\n</pre></code><img id=\"evil\" src=\"http://evil.invalid/x.png\">\n```\n"
            "**not bold** <script>window.__pwned = 1</script>")
+# tiny-live's held-out hard-set evaluation (as scripts/study.py records it); tiny has none
+STUDY_EVAL = {"unlocked_fraction": 0.375, "hard_set_size": 8, "k": 16}
 # tiny-running: the trained run's record cut back to step 3, as if it were at step 3 of 40 with its trainer alive
 RUNNING_AT, RUNNING_STEPS = 3, 40
 
@@ -82,6 +84,9 @@ def runs(tmp_path_factory):
         conn.execute("UPDATE problems SET text = ? WHERE uid = (SELECT uid FROM samples ORDER BY step DESC LIMIT 1)",
                      (HOSTILE,))
     conn.close()
+    record = R.RunRecord.open(live, resume=False)  # the study's evaluation, through the writer scripts/study.py uses
+    record.log_eval(sql(live, "SELECT MAX(step) FROM steps")[0][0], "hard_set", STUDY_EVAL)
+    record.close()
     running = _copy_run(run, root / "live" / "tiny-running", "tiny-running", status="running")
     R.RunRecord.open(running, truncate_after=RUNNING_AT).close()  # the record's own rewind (as on resume)
     with sqlite3.connect(running / R.DB_NAME) as conn:
@@ -737,9 +742,13 @@ def smooth_and_wait(page, plot_id: str, weight: str):
 def test_smoothing_applies_as_it_is_typed(page):
     """Typing a weight and pressing Enter redraws at once (before, only leaving the box did)."""
     wait_marks(page, "overview-reward", "line")
+    wait_marks(page, "overview-rollouts", "line")
+    page.evaluate("document.querySelector('#overview-rollouts svg.marks').dataset.kept = 'yes'")
     # each smoothed line gets its raw line, drawn faint beside it
     smooth_and_wait(page, "overview-reward", "0.8")
     assert page.evaluate("document.activeElement.closest('#smooth') !== null")  # the box never lost focus
+    # only the smoothed chart is drawn again: the rollouts chart (never smoothed) is the same SVG as before
+    assert page.evaluate("document.querySelector('#overview-rollouts svg.marks')?.dataset.kept") == "yes"
 
 
 def test_wrong_passwords_are_limited(runs):
@@ -835,6 +844,30 @@ def test_ledger_counts_retries_and_compare_says_when_a_run_never_retries(page, r
     assert rows["tiny"][6] == str(len(retried))
     assert rows["grpo-synth"][6] == "0"
     expect(page.locator("#compare-note")).to_contain_text("grpo-synth never generated a hard prompt again")
+
+
+def test_ledger_and_compare_show_the_held_out_hard_set_where_a_run_has_it(page, runs):
+    # Could fail if the study's evals rows were not read, were shown for a run without them, or the run without
+    # them showed a number instead of saying it was not evaluated.
+    from playwright.sync_api import expect
+
+    open_tab(page, "ledger")  # tiny: no study evaluation
+    expect(page.locator("#hard-set-none")).to_have_text("not evaluated (scripts/study.py)")
+    assert page.locator("#hard-set-unlocked").count() == 0
+    open_tab(page, "overview")
+    pick_run(page, "tiny-live")
+    open_tab(page, "ledger")
+    expect(page.locator("#hard-set-unlocked")).to_have_text("0.375")
+    assert page.locator("#hard-set-size").inner_text() == "8" and page.locator("#hard-set-k").inner_text() == "16"
+    assert "algorithm-neutral" in page.locator("#ledger-text").inner_text()
+
+    open_tab(page, "compare")
+    wait_rows(page, "compare-table", len(READABLE))
+    head = [h.strip() for h in page.locator("#compare-table thead").inner_text().split("\n") if h.strip()]
+    col = head.index(views.HARD_SET_COLUMN)
+    rows = {r[0]: r for r in table_rows(page, "compare-table")}
+    assert rows["tiny-live"][col].startswith("0.375 of 8 (k = 16, step ")
+    assert rows["tiny"][col] == "not evaluated (scripts/study.py)"
 
 
 def sql_regenerated_pair(run_dir) -> tuple[int, int, int]:

@@ -135,6 +135,17 @@ def test_small_study_writes_table_and_plots_at_one_budget(tmp_path, capsys):
             assert final["rollouts"] == sum(spent) and final["step"] == len(spent)
             recorded = json.loads(sqlite3.connect(run_dir / "run.db").execute("SELECT json FROM config").fetchone()[0])
             assert recorded["algo"] == entry and recorded["seed"] == seed
+            # every checkpoint's evaluation is also in the run's own record, at the step it saw
+            db = sqlite3.connect(run_dir / "run.db")
+            evals = {(s, n, m): v for s, n, m, v in db.execute("SELECT step, name, metric, value FROM evals")}
+            db.close()
+            for r in [r for r in result["runs"] if (r["entry"], r["seed"]) == (entry, seed)]:
+                assert evals[(r["step"], "hard_set", "unlocked_fraction")] == pytest.approx(r["unlocked"])
+                assert evals[(r["step"], "hard_set", "hard_set_size")] == result["hard_set"]
+                assert evals[(r["step"], "hard_set", "k")] == 4
+                for m in ("greedy", "mean@k", "pass@k"):
+                    assert evals[(r["step"], "heldout", m)] == pytest.approx(r[m]), m
+            assert len(evals) == 2 * (3 + 4)  # two checkpoints: none lost to the resume between them
     ledger = (runs / "study.jsonl").read_text()
     assert main(argv) == 0  # everything is in the ledger: nothing is trained or evaluated again
     assert (runs / "study.jsonl").read_text() == ledger
