@@ -230,8 +230,7 @@ class EmbeddedBackend:
         """alpha <- pi_theta, in the backend's alpha copy (which scores behaviour log-probs) and in the engine."""
         if self.rollout is not self.policy:
             self.rollout.load_state_dict(self.policy.state_dict())
-        if self.engine.name != "transformers":  # the transformers engine samples from self.rollout itself
-            self.engine.load_weights(self.rollout.state_dict())
+        self.engine.load_weights(self.rollout.state_dict())
 
     # --- update ----------------------------------------------------------------------------------------------
 
@@ -353,8 +352,7 @@ class EmbeddedBackend:
         self.optimizer.load_state_dict(state["optimizer"])
         if state["rollout"] is not None and self.rollout is not self.policy:
             self.rollout.load_state_dict(state["rollout"])
-        if self.engine.name != "transformers":
-            self.engine.load_weights(self.rollout.state_dict())
+        self.engine.load_weights(self.rollout.state_dict())
         if self.critic is not None:
             if state["critic"] is None:
                 raise ValueError(f"{path}: this checkpoint has no critic: it was not trained with critic=True (BA-PPO)")

@@ -85,8 +85,7 @@ class TransformersEngine:
         return tokens
 
     def load_weights(self, state_dict):
-        if self.backend.rollout is not self.backend.policy:
-            self.backend.rollout.load_state_dict(state_dict)
+        pass  # it samples from the backend's own alpha copy, which the backend's sync has already updated
 
     def sleep(self):
         pass
