@@ -121,9 +121,10 @@ class VllmEngine:
         from bapo_vl.backends.embedded import resolve_model
 
         self.backend, cfg = backend, backend.cfg
+        # token ids in, token ids out: vLLM never needs the tokenizer (ours may be one it cannot load)
         self.llm = LLM(model=resolve_model(cfg.model), dtype="bfloat16", seed=cfg.seed, enable_sleep_mode=True,
-                       max_model_len=cfg.max_prompt_length + cfg.max_response_length,
-                       gpu_memory_utilization=0.3)
+                       max_model_len=cfg.max_prompt_length + cfg.max_response_length, skip_tokenizer_init=True,
+                       gpu_memory_utilization=0.3, max_num_seqs=1024)  # decode is bandwidth-bound: wide batches
         stop = sorted(backend.eos_ids)
         common = dict(max_tokens=cfg.max_response_length, stop_token_ids=stop, detokenize=False)
         # logprobs are not asked for: the backend scores alpha's with the trainer's model code.

@@ -117,7 +117,7 @@ def _arg(v) -> str:
 
 
 def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out: Path, source: str | None,
-          run_dir: Path, timeout: float, extra: list[str]):
+          run_dir: Path, timeout: float, extra: list[str], cuda: str | None = None):
     spec = SHAPES[shape]
     name = f"bench-{shape}-{backend}{gpus}"
     bapo = dict(spec["bapo"], model=str(model_dir), steps=steps, run_dir=str(run_dir), name=name)
@@ -133,7 +133,7 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
         cmd = [sys.executable, "-m", "bapo_vl.backends.verl_main", "--config",
                str(REPO / "bapo_vl" / "presets" / spec["verl_preset"]),
                *[f"bapo.{k}={_arg(v)}" for k, v in bapo.items()], *[f"verl.{k}={v}" for k, v in verl.items()]]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=",".join(str(i) for i in range(gpus)))
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=cuda or ",".join(str(i) for i in range(gpus)))
     print(" ".join(cmd), flush=True)
     t0 = time.time()
     try:
@@ -172,6 +172,11 @@ def _write(out: Path, result: dict):
     out.write_text(json.dumps(result, indent=1))
 
 
+def settings(row: dict) -> list[str]:
+    """The overrides that change the work of a step (the rollout engine and micro-batching change only how)."""
+    return [o for o in row.get("overrides") or [] if not o.startswith(("rollout_engine=", "micro_batch_size="))]
+
+
 def report(files: list[Path]):
     results = [json.loads(f.read_text()) for f in files]
     for shape in SHAPES:
@@ -179,19 +184,22 @@ def report(files: list[Path]):
         b = next((r for r in results if r["shape"] == shape and r["kind"] == "bound"), None)
         if not rows:
             continue
-        base = next((r for r in rows if r["backend"] == "embedded" and "step_s" in r), None)
+        base = next((r for r in rows if r["backend"] == "embedded" and "step_s" in r
+                     and not any(o.startswith("rollout_engine=") for o in r.get("overrides") or [])), None)
         print(f"\n## {shape}" + (f" (decode bound {b['tokens_per_s']:,.0f} tokens/s = {b['decode_step_ms']:.2f} ms "
                                   f"per step at {b['copy_rate_GBps']:.0f} GB/s, {b['card']})" if b else ""))
         print("| backend | card | changed settings | step s | generate / score / train / sync s | response tokens "
               "| generate tok/s | step x embedded | of bound | train tok/s |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
-            label = "embedded" if r["backend"] == "embedded" else f"verl, {r['gpus']} GPU"
+            engine = next((o.split("=", 1)[1] for o in r.get("overrides") or [] if o.startswith("rollout_engine=")), None)
+            label = (f"embedded ({engine} engine)" if engine else "embedded") if r["backend"] == "embedded" \
+                else f"verl, {r['gpus']} GPU"
             changed = " ".join(r.get("overrides") or []) or "-"
             if "step_s" not in r:
                 print(f"| {label} | {r['card']} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | |")
                 continue
-            comparable = base and (base["card"], base.get("overrides")) == (r["card"], r.get("overrides"))
+            comparable = base and (base["card"], settings(base)) == (r["card"], settings(r))
             ratio = f"{base['step_s'] / r['step_s']:.2f}x" if comparable else "- (other card or settings)"
             frac = f"{r['generate_tokens_per_s'] / b['tokens_per_s']:.1%}" if b and b["card"] == r["card"] else "-"
             print(f"| {label} | {r['card']} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {r['score_s']:.2f} / "
@@ -216,6 +224,7 @@ def main():
     t.add_argument("--run-dir", type=Path, default=Path("/tmp/bench-runs"))
     t.add_argument("--timeout", type=float, default=500)
     t.add_argument("--set", nargs="*", default=[], help="more Config fields, KEY=VALUE (e.g. device=cpu)")
+    t.add_argument("--cuda", help="CUDA_VISIBLE_DEVICES for the run (default: the first --gpus cards)")
     sub.add_parser("report").add_argument("files", type=Path, nargs="+")
     a = ap.parse_args()
     if a.cmd == "models":
@@ -223,7 +232,7 @@ def main():
     elif a.cmd == "bound":
         bound(a.shape, a.model, a.out)
     elif a.cmd == "train":
-        train(a.shape, a.backend, a.gpus, a.model, a.steps, a.out, a.source, a.run_dir, a.timeout, a.set)
+        train(a.shape, a.backend, a.gpus, a.model, a.steps, a.out, a.source, a.run_dir, a.timeout, a.set, a.cuda)
     else:
         report(a.files)
 

@@ -1,0 +1,256 @@
+"""One GPU at engine speed (issue 11): the embedded backend's rollout engines and its update, measured on one card.
+
+    python scripts/gpu/bench_backends.py models DIR                              # random text-0.5B and VL shapes
+    python scripts/bench_gpu.py engine --engine transformers --shape text --model DIR/text --out F.json
+    python scripts/bench_gpu.py engine --engine vllm --shape text --model DIR/text --out F.json   # + plain LLM.generate
+    python scripts/bench_gpu.py engine --engine transformers --shape vl --model DIR/vl --source G3K --prompts 16 --out F.json
+    python scripts/bench_gpu.py update --model DIR/text --out F.json             # 16 x 1,024 tokens
+    python scripts/bench_gpu.py report F.json ... [bound.json ...]              # the table, ratios in the same run
+
+`engine`: the backend's own `engine.sample` (what `bapo train` calls; no behaviour scoring) on the shape's prompts x 8
+at temperature 1 until EOS or the response budget: tokens/s, ms per decode step (the wall time over the decode steps
+the engine ran: for `model.generate` the sum over its chunks of each chunk's longest response; for vLLM, which
+batches continuously, the longest response), peak allocated and reserved memory. With `--engine vllm` the same
+prompts also go through the engine's `LLM.generate` directly (plain vLLM, our integration's cost is the gap). With
+`--engine transformers` on a text shape, transformers' continuous batching (`generate_batch`) is probed too.
+`update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens, after one warm-up: tokens/s,
+MFU (6 N T + causal attention FLOPs over the card's dense bf16 peak), peak allocated / reserved memory.
+Each call is one process (engines never share a process); `report` prints ratios only between rows of one card.
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+from bench_backends import SHAPES, card  # noqa: E402
+
+PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core FLOP/s
+
+
+def _write(out: Path, result: dict):
+    print(json.dumps(result), flush=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+
+
+def _config(shape: str, model: Path, engine: str, source: str | None, extra: list[str]):
+    from bapo_vl.config import load_config
+
+    spec = SHAPES[shape]
+    fields = dict(spec["bapo"], model=str(model), rollout_engine=engine)
+    if source:
+        fields["task_options"] = {"source": source}
+    fields.update(item.split("=", 1) for item in extra)
+    return load_config(spec["preset"], None, [f"{k}={json.dumps(v) if isinstance(v, dict) else v}"
+                                              for k, v in fields.items()])
+
+
+def _memory() -> dict:
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    return dict(peak_allocated_GB=torch.cuda.max_memory_allocated() / 1e9,
+                peak_reserved_GB=torch.cuda.max_memory_reserved() / 1e9)
+
+
+def _reset():
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+
+
+def _sync():
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def decode_steps(tokens: list[list[int]], chunk: int | None) -> int:
+    """Decode steps an engine ran for these responses: chunked static batches run to each chunk's longest row;
+    continuous batching (chunk None) to the longest row overall."""
+    if chunk is None:
+        return max(map(len, tokens))
+    return sum(max(map(len, tokens[i:i + chunk])) for i in range(0, len(tokens), chunk))
+
+
+def measure(name: str, fn, chunk: int | None) -> dict:
+    _reset()
+    t0 = time.perf_counter()
+    tokens = fn()
+    _sync()
+    wall = time.perf_counter() - t0
+    n = sum(map(len, tokens))
+    steps = decode_steps(tokens, chunk)
+    return dict(path=name, seconds=wall, sequences=len(tokens), tokens=n, mean_length=n / len(tokens),
+                longest=max(map(len, tokens)), tokens_per_s=n / wall, decode_steps=steps,
+                ms_per_decode_step=1e3 * wall / steps, **_memory())
+
+
+def engine_bench(a) -> dict:
+    from bapo_vl.backends.embedded import EmbeddedBackend
+    from bapo_vl.train import load_problems
+
+    cfg = _config(a.shape, a.model, a.engine, a.source, a.set)
+    t0 = time.perf_counter()
+    backend = EmbeddedBackend(cfg)
+    start_s = time.perf_counter() - t0
+    _, problems = load_problems(cfg)
+    G = cfg.group_size
+    encoded = [backend.encode(p) for p in problems[:max(a.prompts)]]
+    engine = backend.engine
+    engine.sample(encoded[:4], 2, "rollout", False)  # warm-up: kernels, CUDA graphs, caches
+    chunk = None if engine.name == "vllm" else cfg.generate_batch_size
+    rows = []
+    for n in a.prompts:
+        prompts = encoded[:n]
+        rows.append(dict(prompts=n, G=G, **measure(engine.name, lambda: engine.sample(prompts, G, "rollout", False),
+                                                   chunk)))
+        if engine.name == "vllm":
+            rows.append(dict(prompts=n, G=G, **measure("vllm-plain", lambda: plain_vllm(engine, prompts, G), None)))
+        elif not backend.is_vl and a.probe_cb:
+            rows.append(dict(prompts=n, G=G, **probe_continuous_batching(backend, prompts, G)))
+    return dict(kind="engine", shape=a.shape, engine=engine.name, card=card(), model=str(a.model),
+                engine_start_s=start_s, max_response_length=cfg.max_response_length, rows=rows)
+
+
+def plain_vllm(engine, prompts, G) -> list[list[int]]:
+    """The same prompts through the engine's vLLM `LLM.generate`, nothing of ours around it."""
+    from vllm.inputs import TokensPrompt
+
+    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p["input_ids"].tolist()) for p in prompts],
+                               engine.sampling(G), use_tqdm=False)
+    return [list(o.token_ids) for out in outs for o in out.outputs]
+
+
+def probe_continuous_batching(backend, prompts, G) -> dict:
+    """transformers' continuous batching (`generate_batch`: paged attention, no decode for finished rows) on the
+    same prompts and sampling settings; not an engine yet, measured to decide whether it should be."""
+    inputs = [p["input_ids"].tolist() for p in prompts for _ in range(G)]
+    model = backend.rollout
+
+    def run():
+        with backend._autocast():
+            out = model.generate_batch(inputs=inputs, generation_config=backend.sampling, progress_bar=False)
+        return [list(o.generated_tokens) for o in out.values()]
+
+    try:
+        run()  # warm-up
+        return measure("transformers-generate_batch", run, None)
+    except Exception as e:  # noqa: BLE001 - a probe: report what broke, keep the other rows
+        return dict(path="transformers-generate_batch", error=f"{type(e).__name__}: {str(e)[:300]}")
+
+
+def update_bench(a) -> dict:
+    import torch
+
+    from bapo_vl.backends.base import Response, UpdateBatch
+    from bapo_vl.backends.embedded import EmbeddedBackend
+
+    cfg = _config("text", a.model, "transformers", None, ["mini_batch_size=2", "micro_batch_size=16",
+                                                          "max_prompt_length=64", "max_response_length=960", *a.set])
+    backend = EmbeddedBackend(cfg)
+    gen = torch.Generator().manual_seed(0)
+    vocab = backend.policy.config.vocab_size
+    prompt_ids = [torch.randint(3, vocab - 8, (64,), generator=gen) for _ in range(2)]
+    prompts = [dict(input_ids=ids) for ids in prompt_ids]
+    responses = [[tuple(torch.randint(3, vocab - 8, (960,), generator=gen).tolist()) for _ in range(8)] for _ in prompts]
+    flat_p = [p for p in prompts for _ in range(8)]
+    flat_r = [r for rs in responses for r in rs]
+    behaviour = backend.score(backend.rollout, flat_p, flat_r)
+    groups = tuple(tuple(Response(r, tuple(behaviour[g * 8 + i, :len(r)].tolist())) for i, r in enumerate(rs))
+                   for g, rs in enumerate(responses))
+    batch = UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=tuple((1.0, 0.0) * 4 for _ in prompts),
+                        advantages=tuple((1.0, -1.0) * 4 for _ in prompts), step=1)
+    backend.update(batch)  # warm-up
+    times = []
+    _reset()
+    for _ in range(a.repeat):
+        t0 = time.perf_counter()
+        backend.update(batch)
+        _sync()
+        times.append(time.perf_counter() - t0)
+    seconds = sorted(times)[len(times) // 2]
+    c = backend.policy.config
+    n_params = sum(p.numel() for n, p in backend.policy.named_parameters() if "embed_tokens" not in n)
+    tokens, T = 16 * 1024, 1024
+    flops = 6 * n_params * tokens + 6 * c.num_hidden_layers * c.hidden_size * T * T * 16  # causal attention: half of 12
+    peak = next((v for k, v in PEAK_BF16.items() if k in card()), None)
+    return dict(kind="update", card=card(), model=str(a.model), sequences=16, tokens=tokens, seconds=seconds,
+                tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
+                mfu=flops / seconds / peak if peak else None, **_memory())
+
+
+def report(files: list[Path]):
+    results = [json.loads(f.read_text()) for f in files]
+    bounds = {(r["shape"], r["card"]): r for r in results if r["kind"] == "bound"}
+    engines = [r for r in results if r["kind"] == "engine"]
+    for shape in dict.fromkeys(r["shape"] for r in engines):
+        rows = [(r, row) for r in engines if r["shape"] == shape for row in r["rows"]]
+        base = {(r["card"], row["prompts"]): row for r, row in rows if row["path"] == "transformers"}
+        print(f"\n## engines, {shape} shape")
+        print("| path | card | prompts x G | tokens/s | ms / decode step | mean / longest | x model.generate | of bound "
+              "| peak alloc / reserved GB |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        for r, row in rows:
+            if "error" in row:
+                print(f"| {row['path']} | {r['card']} | {row.get('prompts')} x {row.get('G')} | failed: {row['error']} "
+                      "| | | | | |")
+                continue
+            b = base.get((r["card"], row["prompts"]))
+            bound = bounds.get((shape, r["card"]))
+            ratio = f"{row['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "-"
+            frac = "-"
+            if bound:  # the bound at this row count: weights once per step + KV of every row
+                rows_n = row["prompts"] * row["G"]
+                step = (bound["weight_bytes"] + bound["kv_bytes_per_step"] * rows_n / bound["rows"]) / (
+                    bound["copy_rate_GBps"] * 1e9)
+                frac = f"{row['tokens_per_s'] / (rows_n / step):.1%}"
+            mem = f"{row.get('peak_allocated_GB', 0):.1f} / {row.get('peak_reserved_GB', 0):.1f}"
+            print(f"| {row['path']} | {r['card']} | {row['prompts']} x {row['G']} | {row['tokens_per_s']:,.0f} | "
+                  f"{row['ms_per_decode_step']:.2f} | {row['mean_length']:.0f} / {row['longest']} | {ratio} | {frac} "
+                  f"| {mem} |")
+    for r in (r for r in results if r["kind"] == "update"):
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+        print(f"\nupdate ({r['card']}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
+              f"{r['tokens_per_s']:,.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, MFU {mfu}" + (
+                  f"; peak allocated {r['peak_allocated_GB']:.1f} GB, reserved {r['peak_reserved_GB']:.1f} GB "
+                  f"({r['peak_reserved_GB'] / r['peak_allocated_GB']:.2f}x)" if "peak_allocated_GB" in r else ""))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    e = sub.add_parser("engine")
+    e.add_argument("--engine", choices=["transformers", "vllm"], required=True)
+    e.add_argument("--shape", choices=SHAPES, required=True)
+    e.add_argument("--prompts", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
+    e.add_argument("--source", help="Geometry3K data folder (vl shape)")
+    e.add_argument("--no-probe-cb", dest="probe_cb", action="store_false", help="skip the generate_batch probe")
+    u = sub.add_parser("update")
+    u.add_argument("--repeat", type=int, default=3)
+    for p in (e, u):
+        p.add_argument("--model", type=Path, required=True)
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--set", nargs="*", default=[], help="more Config fields, KEY=VALUE (e.g. device=cpu)")
+    sub.add_parser("report").add_argument("files", type=Path, nargs="+")
+    a = ap.parse_args()
+    if a.cmd == "engine":
+        _write(a.out, engine_bench(a))
+    elif a.cmd == "update":
+        _write(a.out, update_bench(a))
+    else:
+        report(a.files)
+
+
+if __name__ == "__main__":
+    main()

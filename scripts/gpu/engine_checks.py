@@ -1,0 +1,145 @@
+"""What the CPU tests cannot show about the embedded backend's vLLM rollout engine (`rollout_engine=vllm`), checked on
+a GPU with the stack of ../shared/tools/gpu-stack on the path.
+
+    python scripts/gpu/engine_checks.py [KEY=VALUE ...]      # Config overrides; default: the tiny preset on cuda
+
+The engine's own log-probs of a fixed probe (prompts + responses it sampled), read back from vLLM with
+`prompt_logprobs`, are compared with the trainer's teacher-forced log-probs of the same tokens under the stale rollout
+policy alpha (`backend.rollout`) and under pi_theta (`backend.policy`):
+
+  behaviour  the stored behaviour log-probs (what `generate` returns) equal the engine's log-probs of the sampled
+             tokens within TOLERANCE (bf16 engine vs the trainer's bf16 autocast forward of the same weights)
+  stale      after an update without a sync the engine still matches alpha, not pi_theta
+  x2         a re-evaluation (policy="current") samples from pi_theta: its greedy answers are pi_theta's, not alpha's;
+             afterwards the engine matches alpha again
+  sleep      sleep (update) + wake leave the engine's weights unchanged
+  sync       after `sync()` the engine matches pi_theta
+
+Prints one JSON line per figure and PASS/FAIL per check; exits 1 if any check fails.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+TOLERANCE = 0.05  # mean |log-prob difference| per token: bf16 vLLM vs the trainer's bf16 forward of the same weights
+SEPARATION = 2.0  # the wrong weights must be at least this many times further off than the right ones
+
+
+def emit(**fields):
+    print(json.dumps(fields), flush=True)
+
+
+def engine_logprobs(engine, prompts, responses) -> list[list[float]]:
+    """vLLM's log-probs of each response's tokens given its prompt (one forward, `prompt_logprobs`)."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    seqs = [TokensPrompt(prompt_token_ids=p["input_ids"].tolist() + list(r)) for p, r in zip(prompts, responses)]
+    outs = engine.llm.generate(seqs, SamplingParams(max_tokens=1, prompt_logprobs=0, detokenize=False), use_tqdm=False)
+    result = []
+    for p, r, out in zip(prompts, responses, outs):
+        P = len(p["input_ids"])
+        result.append([out.prompt_logprobs[P + j][tok].logprob for j, tok in enumerate(r)])
+    return result
+
+
+def distance(a: list[list[float]], b) -> float:
+    """Mean |a - b| per token; b is a (N, R) tensor right-padded, or lists like a."""
+    total = n = 0
+    for i, row in enumerate(a):
+        for j, x in enumerate(row):
+            total += abs(x - float(b[i][j]))
+            n += 1
+    return total / n
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> float:
+    """Share of positions where two greedy answers agree, up to the first difference (prefix agreement)."""
+    same = total = 0
+    for x, y in zip(a, b):
+        k = next((i for i, (s, t) in enumerate(zip(x, y)) if s != t), min(len(x), len(y)))
+        same += k
+        total += max(len(x), len(y))
+    return same / max(total, 1)
+
+
+def main(argv: list[str]) -> int:
+    import torch
+
+    from bapo_vl.backends.base import UpdateBatch
+    from bapo_vl.backends.embedded import EmbeddedBackend
+    from bapo_vl.config import load_config
+    from bapo_vl.train import load_problems
+
+    cfg = load_config("tiny", None, ["device=cuda", "rollout_engine=vllm", "delay=5", "lr=3e-3", *argv])
+    backend = EmbeddedBackend(cfg)
+    engine = backend.engine
+    emit(engine=engine.name, model=cfg.model, card=torch.cuda.get_device_name(0))
+    assert engine.name == "vllm", engine.name
+    _, problems = load_problems(cfg)
+    prompts = [backend.encode(p) for p in problems[:16]]
+    results: dict[str, bool] = {}
+
+    def check(name: str, ok: bool, **figures):
+        results[name] = bool(ok)
+        emit(check=name, ok=bool(ok), **figures)
+
+    def probe_distances():
+        eng = engine_logprobs(engine, prompts, probe)
+        return (distance(eng, backend.score(backend.rollout, prompts, probe)),
+                distance(eng, backend.score(backend.policy, prompts, probe)))
+
+    # behaviour: what generate() stores is the engine's log-prob of what it sampled
+    groups = backend.generate(prompts, 4)
+    flat_prompts = [p for p in prompts for _ in range(4)]
+    flat = [r for g in groups for r in g]
+    stored = [list(r.logprobs) for r in flat]
+    d = distance(engine_logprobs(engine, flat_prompts, [r.tokens for r in flat]), stored)
+    check("behaviour", d < TOLERANCE, mean_abs_diff=d, tolerance=TOLERANCE, tokens=sum(map(len, stored)))
+    probe = [g[0].tokens for g in groups]
+
+    # move pi_theta away from alpha: a few large-lr updates on the sampled groups, no sync
+    rewards = tuple(tuple(float(i % 2) for i in range(4)) for _ in groups)
+    advantages = tuple(tuple(1.0 if i % 2 else -1.0 for i in range(4)) for _ in groups)
+    for step in range(3):
+        backend.update(UpdateBatch(prompts=tuple(prompts), responses=tuple(tuple(g) for g in groups), rewards=rewards,
+                                   advantages=advantages, step=step + 1))
+    to_alpha, to_theta = probe_distances()
+    check("stale", to_alpha < TOLERANCE and to_theta > SEPARATION * to_alpha, engine_vs_alpha=to_alpha,
+          engine_vs_pi_theta=to_theta)
+
+    # x2: greedy answers of a re-evaluation are pi_theta's; then alpha is back
+    x2 = [list(r.tokens) for g in backend.generate(prompts, 1, "current", greedy=True, logprobs=False) for r in g]
+    ref = {}
+    for name, model in (("pi_theta", backend.policy), ("alpha", backend.rollout)):
+        with backend._autocast():
+            rows = []
+            for p in prompts:
+                batch = backend._collate([p])
+                P = batch.pop("P")
+                batch.pop("position_ids", None)
+                out = model.generate(**batch, generation_config=backend.greedy)
+                rows.append(out[0, P:].tolist())
+        ref[name] = rows
+    a_theta, a_alpha = agreement(x2, ref["pi_theta"]), agreement(x2, ref["alpha"])
+    after_alpha, after_theta = probe_distances()
+    check("x2", a_theta > a_alpha and a_theta > 0.5 and after_alpha < TOLERANCE and after_theta > SEPARATION * after_alpha,
+          greedy_agreement_pi_theta=a_theta, greedy_agreement_alpha=a_alpha, after_engine_vs_alpha=after_alpha,
+          after_engine_vs_pi_theta=after_theta)
+
+    engine.sleep()
+    engine.wake()
+    s_alpha, _ = probe_distances()
+    check("sleep", s_alpha < TOLERANCE, engine_vs_alpha=s_alpha)
+
+    backend.sync()
+    y_alpha, y_theta = probe_distances()  # alpha == pi_theta now, in the backend and (if the sync worked) the engine
+    check("sync", y_theta < TOLERANCE, engine_vs_pi_theta=y_theta, engine_vs_alpha=y_alpha)
+
+    emit(summary={k: "PASS" if v else "FAIL" for k, v in results.items()})
+    return 0 if all(results.values()) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
