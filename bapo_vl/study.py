@@ -20,6 +20,13 @@ after each. So an evaluation sees the policy at the first step whose rollouts re
 that ends the run. Finished evaluations are kept in RUNS/study.jsonl: the same command run again continues where
 it stopped (a machine that allows 10 minutes a command runs it several times). Each is also written into its run's
 record at that step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger.
+
+Parallel runs. `--jobs N` (N > 1): the start policy is evaluated here, then every (entry, seed) with evaluations
+missing runs as its own process (`python -m bapo_vl.study` with the same settings, `--algos ENTRY --seeds SEED
+--jobs 1 --no-report`), at most N at once, each appending its rows to the same ledger and its output to
+RUNS/logs/ENTRY-sSEED.log; the report is written here from the ledger once all have ended. Children take turns on
+the visible GPUs when there are several, and share the CPU cores (OMP_NUM_THREADS = cores // N, at most this
+process's torch threads).
 """
 from __future__ import annotations
 
@@ -157,6 +164,10 @@ class StudyOptions:
     """keep every evaluated checkpoint (default: only each run's newest, which the next segment resumes from)"""
     command: str = ""
     """the command line, for the report"""
+    jobs: int = 1
+    """(entry, seed) runs at once, each its own process (run_parallel); 1: one after another in this process"""
+    report: bool = True
+    """write results.md, plots and results.json (--no-report: the ledger only, as --jobs children do)"""
 
     def __post_init__(self):
         known = {**ENTRIES, **KNOBS}
@@ -168,6 +179,7 @@ class StudyOptions:
             (self.budget >= 1, f"budget={self.budget} must be >= 1 rollout"),
             (1 <= self.checkpoints <= self.budget, f"checkpoints={self.checkpoints} must be in 1..budget"),
             (self.k >= 1, f"k={self.k} must be >= 1 (the study's hard set wants k >= 16)"),
+            (self.jobs >= 1, f"jobs={self.jobs} must be >= 1"),
             (not (own := [o for o in self.overrides if o.partition("=")[0].strip() in STUDY_SETS]),
              f"the study sets {', '.join(sorted(STUDY_SETS))} itself; drop {own}"),
         ]
@@ -249,7 +261,10 @@ class Ledger:
 
     def __init__(self, path: Path, settings: dict):
         self.path, self.rows = path, {}
-        lines = path.read_text().splitlines() if path.exists() else []
+        text = path.read_text() if path.exists() else ""
+        lines = text.splitlines()
+        if text and not text.endswith("\n"):  # a --jobs child is appending it right now: not ours to read yet
+            lines = lines[:-1]
         if lines and json.loads(lines[0]) != settings:
             raise ValueError(f"{path} was made with other settings ({lines[0][:300]}...): give another --runs, "
                              f"or remove {path.parent} to start over")
@@ -265,8 +280,14 @@ class Ledger:
 
     def add(self, row: dict):
         self.rows[(row["entry"], row["seed"], row["budget"])] = row
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        # one write on an O_APPEND descriptor: lines appended by --jobs children at the same time never interleave
+        line = (json.dumps(row) + "\n").encode()
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        try:
+            if os.write(fd, line) != len(line):
+                raise OSError(f"{self.path}: a ledger line was written only in part")
+        finally:
+            os.close(fd)
 
 
 def run_study(opts: StudyOptions, say=print) -> dict:
@@ -284,6 +305,10 @@ def run_study(opts: StudyOptions, say=print) -> dict:
                         "device": device(cfg.device), **evaluate_policy(opts, cfg, cfg.model, None, seed)})
     start = ledger.get(START, None, 0)
     hard = hard_set(start["counts"])
+    if opts.jobs > 1:  # every run in its own process; then the loop below finds everything in the ledger
+        run_parallel(opts, [(e, s) for e in opts.algos for s in opts.seeds
+                            if any(ledger.get(e, s, b) is None for b in opts.budgets)], say)
+        ledger = Ledger(ledger.path, settings)  # with the children's rows
     for entry in opts.algos:
         for seed in opts.seeds:
             for budget in opts.budgets:
@@ -312,6 +337,64 @@ def run_study(opts: StudyOptions, say=print) -> dict:
     runs = [brief(ledger.get(e, s, b)) for e in opts.algos for s in opts.seeds for b in opts.budgets]
     return {"settings": settings, "hard_set": len(hard), "start": brief(start),
             "resampled": brief(ledger.get(RESAMPLED, None, 0)), "runs": runs}
+
+
+def run_parallel(opts: StudyOptions, pairs: list[tuple[str, int]], say=print) -> None:
+    """Train and evaluate each (entry, seed) in its own process (child_argv), at most opts.jobs at once, in grid
+    order; each writes its rows to the ledger and its output to RUNS/logs/ENTRY-sSEED.log. Waits for all; raises
+    naming every one that failed (the rows written stay: the same command again continues)."""
+    logs = Path(opts.runs) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    gpus = child_gpus(base_config(opts).device)
+    # never more threads than this process has: tests pin it to 1, and a child's numbers then match this one's
+    threads = str(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // opts.jobs)))
+    waiting, running, failed = list(enumerate(pairs)), {}, []
+    try:
+        while waiting or running:
+            while waiting and len(running) < opts.jobs:
+                i, (entry, seed) = waiting.pop(0)
+                env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+                if gpus:
+                    env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+                argv, log = child_argv(opts, entry, seed), logs / f"{entry}-s{seed}.log"
+                with open(log, "a") as f:  # a rerun keeps the log of an earlier failure
+                    f.write(shlex.join(argv) + "\n")
+                    f.flush()
+                    child = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env)
+                running[child] = (entry, seed, log, time.perf_counter())
+            time.sleep(0.2)
+            for child in [c for c in running if c.poll() is not None]:
+                entry, seed, log, t0 = running.pop(child)
+                say(f"{entry} seed {seed}: rc {child.returncode}, {time.perf_counter() - t0:.1f} s ({log})")
+                if child.returncode != 0:
+                    failed.append(f"{entry} seed {seed} (log {log})")
+    finally:  # interrupted: no run goes on writing the ledger behind our back
+        for child in running:
+            child.terminate()
+            child.wait()
+    if failed:
+        raise RuntimeError(f"{len(failed)} of {len(pairs)} study runs failed: {'; '.join(failed)}. The evaluations "
+                           f"they finished are in the ledger: the same command again continues")
+
+
+def child_argv(opts: StudyOptions, entry: str, seed: int) -> list[str]:
+    """The command of one (entry, seed) of a --jobs study: the same settings, that run only, no report."""
+    argv = [sys.executable, "-m", "bapo_vl.study", "--algos", entry, "--seeds", str(seed), "--jobs", "1",
+            "--no-report", "--budget", str(opts.budget), "--checkpoints", str(opts.checkpoints), "--k", str(opts.k),
+            "--split", opts.split, "--runs", opts.runs, "--eval-seed", str(opts.eval_seed)]
+    for flag, value in (("--source", opts.source), ("--limit", opts.limit), ("--preset", opts.preset),
+                        ("--eval-batch-size", opts.eval_batch_size)):
+        argv += [flag, str(value)] if value is not None else []
+    return argv + (["--keep-checkpoints"] if opts.keep_checkpoints else []) + opts.overrides
+
+
+def child_gpus(setting: str) -> list[str]:
+    """The GPUs --jobs children take turns on (CUDA_VISIBLE_DEVICES values): every visible one when the runs use
+    CUDA and there are several; none (children see what this process sees) otherwise."""
+    if setting == "cpu" or not torch.cuda.is_available() or torch.cuda.device_count() < 2:
+        return []
+    visible = [d.strip() for d in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if d.strip()]
+    return visible[:torch.cuda.device_count()] or [str(i) for i in range(torch.cuda.device_count())]
 
 
 # ----------------------------------------------------------------------------- the report
@@ -532,18 +615,23 @@ def parse_args(argv: list[str]) -> StudyOptions:
     ap.add_argument("--eval-batch-size", type=int, help="sequences per generate call in evaluations")
     ap.add_argument("--baseline", default=d.baseline, help="the entry compared with (default %(default)s)")
     ap.add_argument("--keep-checkpoints", action="store_true")
+    ap.add_argument("--jobs", type=int, default=d.jobs,
+                    help="(entry, seed) runs at once, each its own process (default %(default)s: one after another)")
+    ap.add_argument("--no-report", action="store_true", help="train and evaluate into the ledger only (--jobs children)")
     a = ap.parse_args(argv)
     return StudyOptions(algos=[x.strip() for x in a.algos.split(",") if x.strip()], knobs=a.knobs,
                         seeds=[int(x) for x in a.seeds.split(",") if x.strip()], budget=a.budget,
                         checkpoints=a.checkpoints, k=a.k, split=a.split, source=a.source, limit=a.limit,
                         preset=a.preset, overrides=a.overrides, runs=a.runs, out=a.out, eval_seed=a.eval_seed,
                         eval_batch_size=a.eval_batch_size, baseline=a.baseline, keep_checkpoints=a.keep_checkpoints,
-                        command="python scripts/study.py " + shlex.join(argv))
+                        jobs=a.jobs, report=not a.no_report, command="python scripts/study.py " + shlex.join(argv))
 
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     result = run_study(opts, say=lambda line: print(line, file=sys.stderr, flush=True))
+    if not opts.report:
+        return 0
     out = Path(opts.out or Path("docs/study") / Path(result["settings"]["config"]["model"]).name)
     out.mkdir(parents=True, exist_ok=True)
     info = machine(result)
@@ -557,3 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "results.md").write_text(report(result, opts, info, plots=bool(written)))
     print("study: " + ", ".join(str(p) for p in [out / "results.md", *written, out / "results.json"]))
     return 0
+
+
+if __name__ == "__main__":  # how --jobs starts its children
+    sys.exit(main())

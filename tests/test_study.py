@@ -150,3 +150,70 @@ def test_small_study_writes_table_and_plots_at_one_budget(tmp_path, capsys):
     assert main(argv) == 0  # everything is in the ledger: nothing is trained or evaluated again
     assert (runs / "study.jsonl").read_text() == ledger
     assert "rollouts at step" not in capsys.readouterr().err
+
+
+def ledger_rows(path: Path) -> list[dict]:
+    """The ledger's evaluations (its first line is the settings), each with its timing dropped."""
+    return [{k: v for k, v in json.loads(line).items() if k != "train_seconds"}
+            for line in path.read_text().splitlines()[1:]]
+
+
+def test_jobs_runs_every_entry_and_seed_in_its_own_process_with_the_sequential_numbers(tmp_path, capsys):
+    # Could fail if a child missed one of the parent's settings (its ledger would be refused, or its numbers would
+    # differ), if two children's ledger lines interleaved or a row were written twice, if a child's run were not
+    # the seeded run the sequential study trains, or if the report were not written from the children's rows.
+    def argv(name, jobs):
+        return ["--algos", "grpo,bapo", "--seeds", "0", "--budget", "40", "--checkpoints", "2", "--k", "4",
+                "--limit", "8", "--runs", str(tmp_path / name), "--out", str(tmp_path / f"{name}-out"),
+                "--jobs", str(jobs), *SMALL]
+
+    assert main(argv("sequential", 1)) == 0
+    assert main(argv("parallel", 2)) == 0
+    err = capsys.readouterr().err
+    logs = tmp_path / "parallel" / "logs"
+    for entry in ("grpo", "bapo"):
+        assert f"{entry} seed 0: rc 0, " in err, entry
+        assert "rollouts at step" in (logs / f"{entry}-s0.log").read_text()  # the child's own output
+        assert step_metrics(tmp_path / "parallel" / f"{entry}-s0") == step_metrics(tmp_path / "sequential" /
+                                                                                  f"{entry}-s0")
+    rows = ledger_rows(tmp_path / "parallel" / "study.jsonl")
+    keys = [(r["entry"], r["seed"], r["budget"]) for r in rows]
+    assert sorted(keys, key=str) == sorted([("start", None, 0), ("start_resampled", None, 0),
+                                            *((e, 0, b) for e in ("grpo", "bapo") for b in (20, 40))], key=str)
+    by_key = lambda rs: {(r["entry"], r["seed"], r["budget"]): r for r in rs}
+    assert by_key(rows) == by_key(ledger_rows(tmp_path / "sequential" / "study.jsonl"))  # every count, every score
+    results = [json.loads((tmp_path / f"{name}-out" / "results.json").read_text()) for name in ("sequential",
+                                                                                               "parallel")]
+    for r in results:
+        for row in r["runs"]:
+            del row["train_seconds"]
+    assert results[0]["runs"] == results[1]["runs"] and results[0]["hard_set"] == results[1]["hard_set"]
+    assert "| bapo |" in (tmp_path / "parallel-out" / "results.md").read_text()
+
+
+def test_jobs_names_every_failed_run_and_its_log_and_continues_from_the_ledger(tmp_path, capsys):
+    # A file where grpo seed 1's run directory belongs: that child fails when training starts, seed 0's runs.
+    # Could fail if a failed child went unreported or unnamed, if the parent stopped waiting for the others, if it
+    # wrote a report without every run, or if the rows written were lost (the same command again must continue).
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    runs.mkdir()
+    (runs / "grpo-s1").write_text("not a run directory")
+    argv = ["--algos", "grpo", "--seeds", "0,1", "--budget", "40", "--checkpoints", "2", "--k", "4", "--limit", "8",
+            "--runs", str(runs), "--out", str(out), "--jobs", "2", *SMALL]
+    with pytest.raises(RuntimeError, match="1 of 2 study runs failed") as failure:
+        main(argv)
+    log = runs / "logs" / "grpo-s1.log"
+    assert f"grpo seed 1 (log {log})" in str(failure.value) and "grpo seed 0" not in str(failure.value)
+    assert "FileExistsError" in log.read_text()  # the child's own traceback
+    assert "grpo seed 0: rc 0, " in capsys.readouterr().err
+    assert not out.exists()
+    done = {(r["entry"], r["seed"], r["budget"]) for r in ledger_rows(runs / "study.jsonl")}
+    assert {("grpo", 0, 20), ("grpo", 0, 40)} <= done and not any(key[1] == 1 for key in done)
+
+    (runs / "grpo-s1").unlink()
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    assert "grpo seed 1: rc 0, " in err and "grpo seed 0: rc" not in err  # seed 0 was done: not started again
+    assert len(ledger_rows(runs / "study.jsonl")) == 2 + 2 * 2
+    assert "FileExistsError" in log.read_text() and "rollouts at step" in log.read_text()  # both attempts
+    assert (out / "results.md").exists()
