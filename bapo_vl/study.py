@@ -475,9 +475,12 @@ def targets(result, opts) -> list[str]:
         out.append(f"- BAPO mean@{opts.k} >= GRPO's + 0.02: {d:+.3f} -> {'met' if d >= 0.02 else 'not met'}")
         b, g, floor = mean("bapo", "unlocked"), mean("grpo", "unlocked"), result["resampled"]["unlocked"]
         ratio = lambda x, y: f"{x / y:.2f}x" if y > 0 else "n/a"
-        out.append(f"- BAPO hard set unlocked >= 1.5x GRPO's: {b:.3f} vs {g:.3f} ({ratio(b, g)}) -> "
-                   f"{'met' if b >= 1.5 * g and b > 0 else 'not met'}; above the resampling floor {floor:.3f}: "
-                   f"{b - floor:+.3f} vs {g - floor:+.3f} ({ratio(b - floor, g - floor)})")
+        # a ratio of two figures under the floor that resampling the start policy reaches is no evidence
+        verdict = ("not met" if not (b >= 1.5 * g and b > 0) else "met" if b > floor else
+                   "met on paper, but no evidence: BAPO unlocks less than resampling the start policy does")
+        out.append(f"- BAPO hard set unlocked >= 1.5x GRPO's: {b:.3f} vs {g:.3f} ({ratio(b, g)}) -> {verdict}; "
+                   f"above the resampling floor {floor:.3f}: {b - floor:+.3f} vs {g - floor:+.3f} "
+                   f"({ratio(b - floor, g - floor)})")
     if {"bapo", "dapo"} <= have:
         d = mean("bapo", "mean@k") - mean("dapo", "mean@k")
         out.append(f"- BAPO mean@{opts.k} >= DAPO's: {d:+.3f} -> {'met' if d >= 0 else 'not met'}")

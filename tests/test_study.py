@@ -10,7 +10,7 @@ import torch
 
 from bapo_vl.cli import main as bapo
 from bapo_vl.config import Config, load_config
-from bapo_vl.study import KNOBS, StudyOptions, coarse, hard_set, main, migration, unlocked, within_noise
+from bapo_vl.study import KNOBS, StudyOptions, coarse, hard_set, main, migration, targets, unlocked, within_noise
 
 SMALL = ["batch_size=4", "group_size=4", "task_options={template: compact, limit: 64}"]  # 64 training prompts
 
@@ -217,3 +217,18 @@ def test_jobs_names_every_failed_run_and_its_log_and_continues_from_the_ledger(t
     assert len(ledger_rows(runs / "study.jsonl")) == 2 + 2 * 2
     assert "FileExistsError" in log.read_text() and "rollouts at step" in log.read_text()  # both attempts
     assert (out / "results.md").exists()
+
+
+def test_hard_set_target_is_no_evidence_under_the_resampling_floor():
+    # Could fail if a 1.5x ratio of two figures that resampling the start policy alone beats were called "met".
+    opts = StudyOptions(algos=["grpo", "bapo"], seeds=[0], budget=10, checkpoints=1, k=4)
+
+    def result(bapo, grpo, floor):
+        runs = [{"entry": e, "seed": 0, "budget": 10, "mean@k": 0.2, "unlocked": u, "rollouts": 10}
+                for e, u in (("bapo", bapo), ("grpo", grpo))]
+        return {"settings": {"budget": 10}, "resampled": {"unlocked": floor}, "runs": runs}
+
+    line = lambda r: next(x for x in targets(r, opts) if "hard set unlocked" in x)  # noqa: E731
+    assert "-> met;" in line(result(0.30, 0.10, floor=0.05))
+    assert "met on paper, but no evidence" in line(result(0.03, 0.01, floor=0.11))
+    assert "-> not met;" in line(result(0.12, 0.10, floor=0.05))

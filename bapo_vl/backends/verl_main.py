@@ -12,8 +12,8 @@ The YAML has three parts: `preset:` (one of our presets, e.g. math), `bapo:` (ch
 Everything our Config decides is written into verl's config by `derived_settings`, and refused under `verl:`.
 Overrides on the command line: `bapo.delay=3` or `verl.trainer.nnodes=2`.
 
-NOT RUN HERE (no GPU / vLLM): build_verl_workers and main. Written against verl 0.9.1's classes; tests check the
-config it composes and that RayTrainerActor forwards to verl's real method signatures.
+On CPU (no vLLM), tests check the config it composes and that RayTrainerActor forwards to verl's real method
+signatures; build_verl_workers and main run on the GPU machines (docs/results.md, scripts/gpu/verl_checks.py).
 """
 from __future__ import annotations
 

@@ -172,15 +172,22 @@ def _write(out: Path, result: dict):
     out.write_text(json.dumps(result, indent=1))
 
 
+def model(row: dict) -> str:
+    """The card's model: rows compare across the runs of one machine, whichever of its cards each could see (the
+    files given to `report` should come from one machine: one folder of docs/bench)."""
+    return row["card"].split(" x ", 1)[-1]
+
+
 def settings(row: dict) -> list[str]:
     """The overrides that change the work of a step (the rollout engine and micro-batching change only how)."""
     return [o for o in row.get("overrides") or [] if not o.startswith(("rollout_engine=", "micro_batch_size="))]
 
 
 def report(files: list[Path]):
-    results = [json.loads(f.read_text()) for f in files]
+    results = [r for r in (json.loads(f.read_text()) for f in files) if r["kind"] in ("train", "bound")]
     for shape in SHAPES:
-        rows = [r for r in results if r["shape"] == shape and r["kind"] == "train"]
+        rows = sorted((r for r in results if r["shape"] == shape and r["kind"] == "train"),
+                      key=lambda r: (r["backend"] != "embedded", r["gpus"], sorted(r.get("overrides") or [])))
         b = next((r for r in results if r["shape"] == shape and r["kind"] == "bound"), None)
         if not rows:
             continue
@@ -197,12 +204,12 @@ def report(files: list[Path]):
                 else f"verl, {r['gpus']} GPU"
             changed = " ".join(r.get("overrides") or []) or "-"
             if "step_s" not in r:
-                print(f"| {label} | {r['card']} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | |")
+                print(f"| {label} | {model(r)} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | |")
                 continue
-            comparable = base and (base["card"], settings(base)) == (r["card"], settings(r))
+            comparable = base and (model(base), settings(base)) == (model(r), settings(r))
             ratio = f"{base['step_s'] / r['step_s']:.2f}x" if comparable else "- (other card or settings)"
-            frac = f"{r['generate_tokens_per_s'] / b['tokens_per_s']:.1%}" if b and b["card"] == r["card"] else "-"
-            print(f"| {label} | {r['card']} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {r['score_s']:.2f} / "
+            frac = f"{r['generate_tokens_per_s'] / b['tokens_per_s']:.1%}" if b and model(b) == model(r) else "-"
+            print(f"| {label} | {model(r)} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {r['score_s']:.2f} / "
                   f"{r['train_s']:.2f} / {r['sync_s']:.2f} | {r['rollouts']:.0f} x {r['response_length']:.0f} | "
                   f"{r['generate_tokens_per_s']:,.0f} | {ratio} | {frac} | {r['train_tokens_per_s']:,.0f} |")
 
