@@ -27,6 +27,7 @@ import json
 import os
 import sqlite3
 import statistics
+import shutil
 import subprocess
 import sys
 import time
@@ -117,9 +118,10 @@ def _arg(v) -> str:
 
 
 def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out: Path, source: str | None,
-          run_dir: Path, timeout: float, extra: list[str], cuda: str | None = None):
+          run_dir: Path, timeout: float, extra: list[str], cuda: str | None = None, keep_weights: bool = False):
     spec = SHAPES[shape]
-    name = f"bench-{shape}-{backend}{gpus}"
+    engine = next((e.split("=", 1)[1] for e in extra if e.startswith("rollout_engine=")), None)
+    name = f"bench-{shape}-{backend}{gpus}" + (f"-{engine}" if engine else "")
     bapo = dict(spec["bapo"], model=str(model_dir), steps=steps, run_dir=str(run_dir), name=name)
     bapo.update(item.split("=", 1) for item in extra)
     if source:
@@ -144,6 +146,9 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
     result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), rc=rc, wall_s=time.time() - t0,
                   steps=steps, overrides=extra, **steps_summary(run_dir / name / "run.db"))
     _write(out, result)
+    if not keep_weights:  # a 2 B model's checkpoints (fp32 + AdamW) are tens of GB: a few runs fill a GPU machine's disk
+        for folder in ("checkpoints", "final"):
+            shutil.rmtree(run_dir / name / folder, ignore_errors=True)
 
 
 def steps_summary(db: Path) -> dict:
@@ -232,6 +237,8 @@ def main():
     t.add_argument("--timeout", type=float, default=500)
     t.add_argument("--set", nargs="*", default=[], help="more Config fields, KEY=VALUE (e.g. device=cpu)")
     t.add_argument("--cuda", help="CUDA_VISIBLE_DEVICES for the run (default: the first --gpus cards)")
+    t.add_argument("--keep-weights", action="store_true", help="keep the run's checkpoints and final/ (default: "
+                   "removed once the figures are read; the run record stays)")
     sub.add_parser("report").add_argument("files", type=Path, nargs="+")
     a = ap.parse_args()
     if a.cmd == "models":
@@ -239,7 +246,8 @@ def main():
     elif a.cmd == "bound":
         bound(a.shape, a.model, a.out)
     elif a.cmd == "train":
-        train(a.shape, a.backend, a.gpus, a.model, a.steps, a.out, a.source, a.run_dir, a.timeout, a.set, a.cuda)
+        train(a.shape, a.backend, a.gpus, a.model, a.steps, a.out, a.source, a.run_dir, a.timeout, a.set, a.cuda,
+              a.keep_weights)
     else:
         report(a.files)
 
