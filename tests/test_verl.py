@@ -811,6 +811,39 @@ def test_verl_discovers_our_loss_plugin_on_import():
     assert out.stdout.strip() == "bapo_vl.backends.verl_loss"
 
 
+def test_verl_log_probs_without_flash_attn_go_by_chunks_with_verls_numbers():
+    """`import verl` (a fresh interpreter, as a Ray worker) puts our chunked log-probs where verl's per-row loop was;
+    BAPO_VERL_ROW_LOOP_LOGPROBS=1 keeps verl's. Same numbers and gradients, fp32 and bf16, 2-D (verl's FSDP engine:
+    one row per token) and 3-D. Could fail if the patch did not reach verl's dispatcher or changed a value."""
+    import os
+    import subprocess
+    import sys
+
+    import verl.utils.torch_functional as tf
+
+    from bapo_vl.backends import verl_loss
+
+    code = "import verl, verl.utils.torch_functional as t; print(t.logprobs_from_logits_v2.__module__)"
+    for env, module in (({}, "bapo_vl.backends.verl_loss"), ({"BAPO_VERL_ROW_LOOP_LOGPROBS": "1"},
+                                                              "verl.utils.torch_functional")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, **env})
+        assert out.returncode == 0 and out.stdout.strip() == module, out.stderr[-2000:]
+    if tf.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE:
+        pytest.skip("flash-attn's kernel is verl's path here")
+    gen = torch.Generator().manual_seed(0)
+    for dtype in (torch.float32, torch.bfloat16):
+        for shape in ((verl_loss.LOGPROB_ROWS + 37, 263), (3, 50, 263)):
+            logits = torch.randn(*shape, generator=gen).to(dtype).requires_grad_()
+            labels = torch.randint(0, 263, shape[:-1], generator=gen)
+            ours = tf.logprobs_from_logits(logits, labels)  # verl's dispatcher, as its engine calls it
+            theirs = verl_loss.verl_row_loop(logits, labels)
+            assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
+            g_ours, = torch.autograd.grad(ours.float().sum(), logits)
+            g_theirs, = torch.autograd.grad(theirs.float().sum(), logits)
+            assert torch.equal(g_ours, g_theirs)
+
+
 @pytest.mark.parametrize("loss,extra", [("ppo_clip", []), ("ppo_clip", ["bapo.dual_clip=3.0"]),
                                         ("ppo_clip", ["bapo.clip_high=0.28", "bapo.loss_agg=seq-mean-token-mean"]),
                                         ("gspo", ["bapo.loss_agg=seq-mean-token-mean"]),

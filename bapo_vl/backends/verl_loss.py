@@ -7,6 +7,13 @@ workers included; pyproject.toml declares this module as one, so the registratio
 
 verl's ActorConfig is a closed dataclass, so balanced_clip's own settings (ranges, target, step, dual clip) travel
 in the environment variable BAPO_VERL_LOSS (JSON), which verl_main puts in Ray's runtime_env for all workers.
+
+It also replaces verl's `logprobs_from_logits_v2`, the log-prob path verl takes when flash-attn's cross-entropy
+kernel is absent (our GPU stack has no flash-attn wheel), with the same per-row computation over chunks of rows:
+verl's version loops in Python over the first dimension, which its FSDP engine flattens to one row per token, so a
+micro-batch of 16 x 576 tokens ran ~9,200 log_softmax/gather/backward steps (read in verl 0.9.1's source; the
+likeliest cause of its 0.8 % MFU, not yet measured on a GPU). BAPO_VERL_ROW_LOOP_LOGPROBS=1 keeps verl's own (for
+an A/B benchmark).
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 from bapo_vl.losses import LossConfig, all_reduce_sum, balanced_clip_loss
 
 ENV = "BAPO_VERL_LOSS"
+LOGPROB_ROWS = 2048  # rows per log_softmax: bounds the transient (rows, vocab) tensor
 VERL_LOSS_MODE = {"ppo_clip": "vanilla", "gspo": "gspo", "balanced_clip": "bapo_balanced_clip"}
 NO_DUAL_CLIP = 1e9  # verl's vanilla loss always dual-clips (clip_ratio_c > 1 required); this turns it off
 
@@ -74,3 +82,23 @@ def compute_policy_loss_balanced_clip(old_log_prob, log_prob, advantages, respon
     batch_info = config.global_batch_info if config is not None else {}
     pg_loss = agg_loss(loss_mat=losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
     return pg_loss, {f"actor/{k}": v for k, v in metrics.items()}
+
+
+def logprobs_by_chunks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """verl's `logprobs_from_logits_v2` (log-probs of `labels` under `logits` (..., V), per row of the first
+    dimension: x_label - logsumexp(x) in float32/64, log_softmax then gather in bf16), over LOGPROB_ROWS rows at a
+    time instead of one."""
+    out = []
+    for x, y in zip(logits.split(LOGPROB_ROWS), labels.split(LOGPROB_ROWS)):
+        if x.dtype in (torch.float32, torch.float64):
+            out.append(x.gather(-1, y.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(x, dim=-1))
+        else:  # verl: logsumexp is unstable in bf16
+            out.append(torch.log_softmax(x, dim=-1).gather(-1, y.unsqueeze(-1)).squeeze(-1))
+    return torch.cat(out) if out else logits.new_zeros(labels.shape)
+
+
+import verl.utils.torch_functional as _verl_tf  # noqa: E402
+
+verl_row_loop = _verl_tf.logprobs_from_logits_v2  # verl's own, kept for tests and the A/B benchmark
+if os.environ.get("BAPO_VERL_ROW_LOOP_LOGPROBS") != "1":
+    _verl_tf.logprobs_from_logits_v2 = logprobs_by_chunks  # what verl's logprobs_from_logits calls without flash-attn

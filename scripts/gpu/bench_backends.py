@@ -123,7 +123,10 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
     engine = next((e.split("=", 1)[1] for e in extra if e.startswith("rollout_engine=")), None)
     name = f"bench-{shape}-{backend}{gpus}" + (f"-{engine}" if engine else "")
     bapo = dict(spec["bapo"], model=str(model_dir), steps=steps, run_dir=str(run_dir), name=name)
-    bapo.update(item.split("=", 1) for item in extra)
+    bapo.update(item.split("=", 1) for item in extra if not item.startswith("verl."))
+    verl_extra = dict(item.removeprefix("verl.").split("=", 1) for item in extra if item.startswith("verl."))
+    if verl_extra and backend != "verl":
+        raise SystemExit(f"verl.* settings {sorted(verl_extra)} apply to --backend verl only")
     if source:
         bapo["task_options"] = {"source": source}
     if backend == "embedded":
@@ -131,7 +134,7 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
                *[f"{k}={_arg(v)}" for k, v in bapo.items()]]
     else:
         bapo.pop("device")
-        verl = dict(spec["verl"], **{"trainer.n_gpus_per_node": gpus})
+        verl = dict(spec["verl"], **{"trainer.n_gpus_per_node": gpus}, **verl_extra)
         cmd = [sys.executable, "-m", "bapo_vl.backends.verl_main", "--config",
                str(REPO / "bapo_vl" / "presets" / spec["verl_preset"]),
                *[f"bapo.{k}={_arg(v)}" for k, v in bapo.items()], *[f"verl.{k}={v}" for k, v in verl.items()]]
@@ -144,7 +147,9 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
     except subprocess.TimeoutExpired:
         rc = "timeout"
     result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), rc=rc, wall_s=time.time() - t0,
-                  steps=steps, overrides=extra, **steps_summary(run_dir / name / "run.db"))
+                  steps=steps, overrides=extra + [f"env {k}={v}" for k, v in sorted(os.environ.items())
+                                                  if k.startswith("BAPO_")],
+                  **steps_summary(run_dir / name / "run.db"))
     _write(out, result)
     if not keep_weights:  # a 2 B model's checkpoints (fp32 + AdamW) are tens of GB: a few runs fill a GPU machine's disk
         for folder in ("checkpoints", "final"):
@@ -184,8 +189,9 @@ def model(row: dict) -> str:
 
 
 def settings(row: dict) -> list[str]:
-    """The overrides that change the work of a step (the rollout engine and micro-batching change only how)."""
-    return [o for o in row.get("overrides") or [] if not o.startswith(("rollout_engine=", "micro_batch_size="))]
+    """The overrides that change the work of a step (the rollout engine, micro-batching, verl's own settings and
+    BAPO_* environment switches change only how it is done)."""
+    return [o for o in row.get("overrides") or [] if not o.startswith(("rollout_engine=", "micro_batch_size=", "verl.", "env "))]
 
 
 def report(files: list[Path]):
@@ -235,7 +241,8 @@ def main():
     t.add_argument("--source", help="Geometry3K data folder (vl shape)")
     t.add_argument("--run-dir", type=Path, default=Path("/tmp/bench-runs"))
     t.add_argument("--timeout", type=float, default=500)
-    t.add_argument("--set", nargs="*", default=[], help="more Config fields, KEY=VALUE (e.g. device=cpu)")
+    t.add_argument("--set", nargs="*", default=[], help="more Config fields, KEY=VALUE (e.g. device=cpu); "
+                   "verl.KEY=VALUE: a verl config override (--backend verl)")
     t.add_argument("--cuda", help="CUDA_VISIBLE_DEVICES for the run (default: the first --gpus cards)")
     t.add_argument("--keep-weights", action="store_true", help="keep the run's checkpoints and final/ (default: "
                    "removed once the figures are read; the run record stays)")

@@ -5,6 +5,10 @@ set -e
 rm -rf /tmp/shim && mkdir -p /tmp/shim
 cp -r bapo_vl /tmp/shim/bapo_vl
 cp -r tasks /tmp/shim/bapo_vl/tasks && cp -r verifiers /tmp/shim/bapo_vl/verifiers && cp -r app /tmp/shim/bapo_vl/app
+# the entry point pyproject.toml declares, so `import verl` loads bapo_vl.backends.verl_loss in every Ray worker
+mkdir -p /tmp/shim/bapo_vl-0.dist-info
+printf 'Metadata-Version: 2.1\nName: bapo-vl\nVersion: 0\n' > /tmp/shim/bapo_vl-0.dist-info/METADATA
+printf '[verl.plugins]\nbapo_vl = bapo_vl.backends.verl_loss\n' > /tmp/shim/bapo_vl-0.dist-info/entry_points.txt
 # bapo-vl's own pure-Python dependencies the stack lacks (qwen-vl-utils), unpacked in .gpu-stack/extra and carried:
 #   pip download --no-deps qwen-vl-utils -d /tmp/qv && python -m zipfile -e /tmp/qv/*.whl .gpu-stack/extra
 export PYTHONPATH=/tmp/shim:/tmp/site:$PWD/.gpu-stack/extra
