@@ -118,8 +118,11 @@ class Config:
     dtype: str = within("auto", DTYPES)
     """auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"""
     rollout_engine: str = within("auto", ROLLOUT_ENGINES)
-    """what samples rollouts in the embedded backend: auto (transformers until the vllm engine has run on a GPU) |
-    transformers | vllm (the [vllm] extra; not run yet)"""
+    """what samples rollouts in the embedded backend: auto (vllm for a text model on cuda when it is installed, else
+    transformers) | transformers | vllm (the [vllm] extra)"""
+    vllm_options: dict = field(default_factory=dict)
+    """keyword arguments of vLLM's LLM(...) for the vllm engine, over its defaults {gpu_memory_utilization: 0.3,
+    max_num_seqs: 1024}: e.g. {gpu_memory_utilization: 0.5, enforce_eager: true}"""
     algo: str = within("bapo", ALGOS)
     """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | ba_ppo | mini_test"""
 

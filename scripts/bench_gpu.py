@@ -119,7 +119,7 @@ def engine_bench(a) -> dict:
             rows.append(dict(prompts=n, G=G, **measure("vllm-plain", lambda: plain_vllm(engine, prompts, G), None)))
         elif not backend.is_vl and a.probe_cb:
             rows.append(dict(prompts=n, G=G, **probe_continuous_batching(backend, prompts, G)))
-    return dict(kind="engine", shape=a.shape, engine=engine.name, card=card(), model=str(a.model),
+    return dict(kind="engine", shape=a.shape, engine=engine.name, card=card(), model=str(a.model), overrides=a.set,
                 engine_start_s=start_s, max_response_length=cfg.max_response_length, rows=rows)
 
 
@@ -195,7 +195,8 @@ def report(files: list[Path]):
     bounds = {(r["shape"], model(r)): r for r in results if r["kind"] == "bound"}
     engines = [r for r in results if r["kind"] == "engine"]
     for shape in dict.fromkeys(r["shape"] for r in engines):
-        rows = [(r, row) for r in engines if r["shape"] == shape for row in r["rows"]]
+        rows = [(r, dict(row, path=" ".join([row["path"], *r.get("overrides", [])])))
+                for r in engines if r["shape"] == shape for row in r["rows"]]
         base = {(model(r), row["prompts"]): row for r, row in rows if row["path"] == "transformers"}
         print(f"\n## engines, {shape} shape")
         print("| path | card | prompts x G | tokens/s | ms / decode step | mean / longest | x model.generate | of bound "

@@ -72,6 +72,15 @@ def test_config_refuses_an_unknown_engine():
         load_config(overrides=["rollout_engine=sglang"])
 
 
+def test_vllm_options_that_the_config_decides_are_refused_and_others_warn_on_transformers(caplog):
+    # Could fail if vllm_options could override the model or lengths the trainer scores with, or were dropped silently.
+    with pytest.raises(ValueError, match=r"vllm_options may not set \['max_model_len', 'model'\]"):
+        make_backend(rollout_engine="vllm", vllm_options="{model: other, max_model_len: 9, enforce_eager: true}")
+    with caplog.at_level("WARNING", logger="bapo_vl.backends.engines"):
+        backend = make_backend(vllm_options="{gpu_memory_utilization: 0.5}")
+    assert backend.engine.name == "transformers" and "vllm_options are ignored" in caplog.text
+
+
 def test_stored_logprobs_are_those_of_the_sampled_tokens(backend, prompts):
     # Could fail if the batched scorer's padding / positions disagreed with a plain forward, if the response were cut
     # off the wrong EOS, or if the sampler drew from another distribution than the one scored (greedy: the argmax).

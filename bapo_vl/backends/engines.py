@@ -13,11 +13,14 @@ tokens that were sampled, whichever engine sampled them.
 from __future__ import annotations
 
 import importlib.util
+import logging
 from typing import Protocol
 
 import torch
 
 from bapo_vl.backends.base import Policy
+
+log = logging.getLogger(__name__)
 
 
 class RolloutEngine(Protocol):
@@ -45,6 +48,8 @@ def choose_engine(name: str, device: torch.device, is_vl: bool) -> str:
 
 def make_engine(backend) -> RolloutEngine:
     name = choose_engine(backend.cfg.rollout_engine, backend.device, backend.is_vl)
+    if name != "vllm" and backend.cfg.vllm_options:
+        log.warning("vllm_options are ignored: the rollout engine is %s", name)
     return {"transformers": TransformersEngine, "vllm": VllmEngine}[name](backend)
 
 
@@ -91,6 +96,9 @@ class TransformersEngine:
         pass
 
 
+FIXED_BY_CONFIG = {"model", "dtype", "seed", "enable_sleep_mode", "max_model_len", "skip_tokenizer_init"}
+
+
 class VllmEngine:
     """A colocated vLLM engine holding alpha, as TRL's colocate mode does (vLLM 0.24). Its protocol is checked on a
     GPU by scripts/gpu/engine_checks.py (behaviour log-probs, stale alpha, X2 and restore, sleep/wake, sync: all
@@ -106,6 +114,8 @@ class VllmEngine:
     name = "vllm"
 
     def __init__(self, backend):
+        if clash := sorted(set(backend.cfg.vllm_options) & FIXED_BY_CONFIG):
+            raise ValueError(f"vllm_options may not set {clash}: the engine derives them from the config")
         if importlib.util.find_spec("vllm") is None:
             raise ImportError("rollout_engine=vllm needs vLLM: pip install 'bapo-vl[vllm]' (or rollout_engine=auto)")
         if backend.device.type != "cuda" or backend.is_vl:
@@ -119,9 +129,11 @@ class VllmEngine:
 
         self.backend, cfg = backend, backend.cfg
         # token ids in, token ids out: vLLM never needs the tokenizer (ours may be one it cannot load)
-        self.llm = LLM(model=resolve_model(cfg.model), dtype="bfloat16", seed=cfg.seed, enable_sleep_mode=True,
-                       max_model_len=cfg.max_prompt_length + cfg.max_response_length, skip_tokenizer_init=True,
-                       gpu_memory_utilization=0.3, max_num_seqs=1024)  # decode is bandwidth-bound: wide batches
+        fixed = dict(model=resolve_model(cfg.model), dtype="bfloat16", seed=cfg.seed, enable_sleep_mode=True,
+                     max_model_len=cfg.max_prompt_length + cfg.max_response_length, skip_tokenizer_init=True)
+        assert set(fixed) == FIXED_BY_CONFIG
+        # decode is bandwidth-bound: wide batches; the trainer needs the rest of the card
+        self.llm = LLM(**fixed, **{"gpu_memory_utilization": 0.3, "max_num_seqs": 1024, **cfg.vllm_options})
         stop = sorted(backend.eos_ids)
         common = dict(max_tokens=cfg.max_response_length, stop_token_ids=stop, detokenize=False)
         # logprobs are not asked for: the backend scores alpha's with the trainer's model code.

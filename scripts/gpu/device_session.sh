@@ -40,6 +40,7 @@ case $1 in
    ( export CUDA_VISIBLE_DEVICES=1
      T engine-checks python3 $R/scripts/gpu/engine_checks.py
      T engine-text-vllm python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 64,256 --out $J/engine-text-vllm.json
+     T engine-text-vllm512 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
      T text-embedded-vllm python3 $B train --shape text --backend embedded --model /tmp/models/text --steps 2 --cuda 1 --set rollout_engine=vllm --run-dir /tmp/runs --out $J/text-embedded-vllm.json ) &
    wait; save 5;;
 6) stack; T vl-verl1 python3 $B train --shape vl --backend verl --gpus 1 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl1.json; save 6;;
