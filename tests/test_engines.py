@@ -124,3 +124,27 @@ def test_x2_samples_with_pi_theta_and_sync_loads_it_into_alpha(prompts):
     (synced,), = b.generate(prompts[:1], 1, "rollout", greedy=True)
     assert synced == current  # alpha now samples and scores as pi_theta did
     assert torch.equal(unbatched_logprobs(b.rollout, probe, [5, 6, 7], T)[1], theta)
+
+
+def test_vl_prompts_keep_the_text_and_images_a_vllm_engine_processes(tmp_path, geometry3k_source):
+    # Could fail if encode changed the text or images after processing them, or a VL prompt lost its images: vLLM
+    # (given `raw`, with the config's min/max pixels as mm_processor_kwargs) must see the tokens the trainer scores.
+    from transformers import AutoProcessor
+
+    from bapo_vl.tiny import build_qwen2_5_vl
+
+    model, processor = build_qwen2_5_vl(max_pixels=56 * 56)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    backend = make_backend(model=str(tmp_path / "vl"), task="geometry3k", task_options="{}", max_prompt_length=512,
+                           max_pixels=56 * 56)
+    problems = get_task("geometry3k").load(split="train", source=geometry3k_source, limit=2)
+    fresh = AutoProcessor.from_pretrained(tmp_path / "vl", min_pixels=backend.cfg.min_pixels,
+                                          max_pixels=backend.cfg.max_pixels)
+    for problem in problems:
+        enc = backend.encode(problem)
+        raw = enc["raw"]
+        assert raw["multi_modal_data"]["image"] == list(problem.images) and len(problem.images) == 1
+        again = fresh(text=[raw["prompt"]], images=raw["multi_modal_data"]["image"], return_tensors="pt")
+        assert torch.equal(again["input_ids"][0], enc["input_ids"])
+        assert torch.equal(again["pixel_values"], enc["pixel_values"])

@@ -136,6 +136,9 @@ class EmbeddedBackend:
             enc = {k: v[0] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v
                    for k, v in out.items()}
             enc.pop("attention_mask", None)
+            # what a vLLM engine is given instead: the same text and images, processed by vLLM itself
+            enc["raw"] = {"prompt": text, **({"multi_modal_data": {"image": list(problem.images)}}
+                                              if problem.images else {})}
         else:
             text = self.tokenizer.apply_chat_template(problem.messages, add_generation_prompt=True, tokenize=False)
             enc = {"input_ids": torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"])}

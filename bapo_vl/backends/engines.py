@@ -6,8 +6,9 @@ code (EmbeddedBackend.score): so what is stored is exactly the log-prob, under a
 tokens that were sampled, whichever engine sampled them.
 
     transformers  `model.generate` with a dynamic cache on the backend's own alpha / pi_theta models; always there.
-    vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA, text models). Checked on an H200 by
-                  scripts/gpu/engine_checks.py (docs/results.md): 9.5x `model.generate`'s tokens/s at 64 x 8 x 512.
+    vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA). Text models: checked on an H200 by
+                  scripts/gpu/engine_checks.py (docs/results.md), 9.5x `model.generate`'s tokens/s at 64 x 8 x 512.
+                  Qwen2.5-VL: written, NOT RUN on a GPU yet (engine_checks.py --vl checks it).
     auto          vllm when it is installed, the device is cuda and the model is a text model; else transformers.
 """
 from __future__ import annotations
@@ -96,7 +97,8 @@ class TransformersEngine:
         pass
 
 
-FIXED_BY_CONFIG = {"model", "dtype", "seed", "enable_sleep_mode", "max_model_len", "skip_tokenizer_init"}
+FIXED_BY_CONFIG = {"model", "dtype", "seed", "enable_sleep_mode", "max_model_len", "skip_tokenizer_init",
+                   "mm_processor_kwargs"}
 
 
 class VllmEngine:
@@ -109,7 +111,9 @@ class VllmEngine:
     - X2 (policy="current"): pi_theta's weights are pushed, the responses sampled, then alpha's weights (the backend's
       own alpha copy, which also scores the behaviour log-probs) are pushed back.
     - update: the engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the trainer gets the memory.
-    Text models only: VL prompts would need the raw images, which `encode` does not keep."""
+    - VL (NOT RUN on a GPU yet): vLLM gets the chat text and the PIL images `encode` kept (`raw`) and processes them
+      itself with the trainer's min/max pixels, so it sees the image grid the trainer scores with; it then needs the
+      tokenizer (text models skip it)."""
 
     name = "vllm"
 
@@ -118,8 +122,8 @@ class VllmEngine:
             raise ValueError(f"vllm_options may not set {clash}: the engine derives them from the config")
         if importlib.util.find_spec("vllm") is None:
             raise ImportError("rollout_engine=vllm needs vLLM: pip install 'bapo-vl[vllm]' (or rollout_engine=auto)")
-        if backend.device.type != "cuda" or backend.is_vl:
-            raise ValueError("rollout_engine=vllm runs text models on device=cuda only; use rollout_engine=transformers")
+        if backend.device.type != "cuda":
+            raise ValueError("rollout_engine=vllm runs on device=cuda only; use rollout_engine=transformers")
         import os
 
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # collective_rpc reaches the in-process worker
@@ -130,7 +134,10 @@ class VllmEngine:
         self.backend, cfg = backend, backend.cfg
         # token ids in, token ids out: vLLM never needs the tokenizer (ours may be one it cannot load)
         fixed = dict(model=resolve_model(cfg.model), dtype="bfloat16", seed=cfg.seed, enable_sleep_mode=True,
-                     max_model_len=cfg.max_prompt_length + cfg.max_response_length, skip_tokenizer_init=True)
+                     max_model_len=cfg.max_prompt_length + cfg.max_response_length,
+                     skip_tokenizer_init=not backend.is_vl,  # token ids in and out for text: ours may not load there
+                     mm_processor_kwargs={"min_pixels": cfg.min_pixels, "max_pixels": cfg.max_pixels}
+                     if backend.is_vl else None)
         assert set(fixed) == FIXED_BY_CONFIG
         # decode is bandwidth-bound: wide batches; the trainer needs the rest of the card
         self.llm = LLM(**fixed, **{"gpu_memory_utilization": 0.3, "max_num_seqs": 1024, **cfg.vllm_options})
@@ -143,18 +150,23 @@ class VllmEngine:
         self.load_weights(backend.rollout.state_dict())
 
     def sample(self, prompts, n, policy, greedy):
-        from vllm.inputs import TokensPrompt
-
         b = self.backend
         if policy == "current" and b.rollout is not b.policy:
             self.load_weights(b.policy.state_dict())
         try:
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=p["input_ids"].tolist()) for p in prompts],
-                                     self.greedy if greedy else self.sampling(n), use_tqdm=False)
+            outs = self.llm.generate(self.inputs(prompts), self.greedy if greedy else self.sampling(n), use_tqdm=False)
         finally:
             if policy == "current" and b.rollout is not b.policy:
                 self.load_weights(b.rollout.state_dict())  # back to alpha
         return [cut_at_eos(list(o.token_ids), b.eos_ids) for out in outs for o in out.outputs]
+
+    def inputs(self, prompts: list[dict]) -> list:
+        """vLLM's prompts: our token ids (text), or the chat text and images for vLLM's own processor (VL)."""
+        from vllm.inputs import TokensPrompt
+
+        if self.backend.is_vl:
+            return [p["raw"] for p in prompts]
+        return [TokensPrompt(prompt_token_ids=p["input_ids"].tolist()) for p in prompts]
 
     def load_weights(self, state_dict):
         weights = list(state_dict.items())

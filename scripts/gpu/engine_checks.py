@@ -1,10 +1,12 @@
 """What the CPU tests cannot show about the embedded backend's vLLM rollout engine (`rollout_engine=vllm`), checked on
 a GPU with the stack of ../shared/tools/gpu-stack on the path.
 
-    python scripts/gpu/engine_checks.py [KEY=VALUE ...]      # Config overrides; default: the tiny preset on cuda
+    python scripts/gpu/engine_checks.py [--preset NAME] [KEY=VALUE ...]    # default: the tiny preset on cuda
+    python scripts/gpu/engine_checks.py --preset geometry3k model=DIR "task_options={source: G3K}"   # Qwen2.5-VL
 
 The engine's own log-probs of a fixed probe (prompts + responses it sampled), read back from vLLM with
-`prompt_logprobs`, are compared with the trainer's teacher-forced log-probs of the same tokens under the stale rollout
+`prompt_logprobs` (VL: the log-probs vLLM reports for freshly sampled tokens, since a VL prompt goes in as text and
+images), are compared with the trainer's teacher-forced log-probs of the same tokens under the stale rollout
 policy alpha (`backend.rollout`) and under pi_theta (`backend.policy`):
 
   behaviour  the stored behaviour log-probs (what `generate` returns) equal the engine's log-probs of the sampled
@@ -44,6 +46,24 @@ def engine_logprobs(engine, prompts, responses) -> list[list[float]]:
     return result
 
 
+def engine_samples(engine, prompts, n: int) -> tuple[list[dict], list[list[int]], list[list[float]]]:
+    """n fresh samples per prompt from the engine's current weights with vLLM's log-prob of each sampled token:
+    (prompt per sample, tokens, log-probs), each cut after its first EOS as the engine cuts them."""
+    from bapo_vl.backends.engines import cut_at_eos
+
+    params = engine.sampling(n)
+    params.logprobs = 0  # the sampled token's own log-prob (vLLM's raw log-probs: temperature 1 in these checks)
+    outs = engine.llm.generate(engine.inputs(prompts), params, use_tqdm=False)
+    flat_prompts, tokens, logprobs = [], [], []
+    for p, out in zip(prompts, outs):
+        for o in out.outputs:
+            t = cut_at_eos(list(o.token_ids), engine.backend.eos_ids)
+            flat_prompts.append(p)
+            tokens.append(t)
+            logprobs.append([o.logprobs[j][tok].logprob for j, tok in enumerate(t)])
+    return flat_prompts, tokens, logprobs
+
+
 def distance(a: list[list[float]], b) -> float:
     """Mean |a - b| per token; b is a (N, R) tensor right-padded, or lists like a."""
     total = n = 0
@@ -72,7 +92,10 @@ def main(argv: list[str]) -> int:
     from bapo_vl.config import load_config
     from bapo_vl.train import load_problems
 
-    cfg = load_config("tiny", None, ["device=cuda", "rollout_engine=vllm", "delay=5", "lr=3e-3", *argv])
+    preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "tiny"
+    argv = [a for i, a in enumerate(argv) if a != "--preset" and (i == 0 or argv[i - 1] != "--preset")]
+    cfg = load_config(preset, None, ["device=cuda", "rollout_engine=vllm", "delay=5", "lr=3e-3", "temperature=1.0",
+                                     *argv])
     backend = EmbeddedBackend(cfg)
     engine = backend.engine
     emit(engine=engine.name, model=cfg.model, card=torch.cuda.get_device_name(0))
@@ -86,17 +109,26 @@ def main(argv: list[str]) -> int:
         emit(check=name, ok=bool(ok), **figures)
 
     def probe_distances():
+        if backend.is_vl:  # fresh samples from the engine's weights, scored by both of the trainer's models
+            ps, toks, eng = engine_samples(engine, prompts, 1)
+            return (distance(eng, backend.score(backend.rollout, ps, toks)),
+                    distance(eng, backend.score(backend.policy, ps, toks)))
         eng = engine_logprobs(engine, prompts, probe)
         return (distance(eng, backend.score(backend.rollout, prompts, probe)),
                 distance(eng, backend.score(backend.policy, prompts, probe)))
 
     # behaviour: what generate() stores is the engine's log-prob of what it sampled
     groups = backend.generate(prompts, 4)
-    flat_prompts = [p for p in prompts for _ in range(4)]
-    flat = [r for g in groups for r in g]
-    stored = [list(r.logprobs) for r in flat]
-    d = distance(engine_logprobs(engine, flat_prompts, [r.tokens for r in flat]), stored)
-    check("behaviour", d < TOLERANCE, mean_abs_diff=d, tolerance=TOLERANCE, tokens=sum(map(len, stored)))
+    if backend.is_vl:  # generate() stores score(alpha) of the engine's tokens: the same, on samples with vLLM's own
+        flat_prompts, tokens, eng = engine_samples(engine, prompts, 4)
+        stored = backend.score(backend.rollout, flat_prompts, tokens).tolist()
+    else:
+        flat_prompts = [p for p in prompts for _ in range(4)]
+        flat = [r for g in groups for r in g]
+        stored = [list(r.logprobs) for r in flat]
+        eng = engine_logprobs(engine, flat_prompts, [r.tokens for r in flat])
+    d = distance(eng, stored)
+    check("behaviour", d < TOLERANCE, mean_abs_diff=d, tolerance=TOLERANCE, tokens=sum(map(len, eng)))
     probe = [g[0].tokens for g in groups]
 
     # move pi_theta away from alpha: a few large-lr updates on the sampled groups, no sync
