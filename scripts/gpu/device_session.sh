@@ -6,7 +6,8 @@
 #   Results: $OUT/callN.tgz (result JSON, log tails, run records). bench_backends removes each run's weights after
 #   reading its figures (a 2 B model's checkpoints filled the disk once). 0 = models, bounds and the embedded
 #   rows (both cards); 4 = unpack + text on 2 GPUs; 5 = text on 1 GPU beside the vLLM engine checks and bench on the
-#   other card; 6, 7 = the VL shape on 1 and 2 GPUs; 8 = the text
+#   other card; 6 = the VL shape on 1 GPU beside the VL vLLM
+#   engine's checks and step on the other card; 7 = the VL shape on 2 GPUs; 8 = the text
 #   shape on 1 GPU with verl's own per-row log-probs (the A/B of bapo_vl.backends.verl_loss.logprobs_by_chunks). (In the session itself call 0's embedded rows ran in call 1, and
 #   call 5 ran VL on 1 GPU, the machine being lost before 6.)
 R=$PWD; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
@@ -43,7 +44,12 @@ case $1 in
      T engine-text-vllm512 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
      T text-embedded-vllm python3 $B train --shape text --backend embedded --model /tmp/models/text --steps 2 --cuda 1 --set rollout_engine=vllm --run-dir /tmp/runs --out $J/text-embedded-vllm.json ) &
    wait; save 5;;
-6) stack; T vl-verl1 python3 $B train --shape vl --backend verl --gpus 1 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl1.json; save 6;;
+6) stack
+   ( T vl-verl1 python3 $B train --shape vl --backend verl --gpus 1 --cuda 0 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl1.json ) &
+   ( export CUDA_VISIBLE_DEVICES=1
+     T engine-checks-vl python3 $R/scripts/gpu/engine_checks.py --preset geometry3k model=/tmp/models/vl "task_options={source: /tmp/g3k}" max_pixels=200704 micro_batch_size=2
+     T vl-embedded-vllm python3 $B train --shape vl --backend embedded --model /tmp/models/vl --source /tmp/g3k --steps 2 --cuda 1 --set micro_batch_size=2 rollout_engine=vllm --run-dir /tmp/runs --out $J/vl-embedded-vllm.json ) &
+   wait; save 6;;
 8) stack; export BAPO_VERL_ROW_LOOP_LOGPROBS=1  # A/B: verl's own per-row log-probs (bapo_vl.backends.verl_loss)
    T text-verl1-rowloop python3 $B train --shape text --backend verl --gpus 1 --model /tmp/models/text --steps 2 --run-dir /tmp/runs/rowloop --timeout 540 --out $J/text-verl1-rowloop.json; save 8;;
 7) stack; T vl-verl2 python3 $B train --shape vl --backend verl --gpus 2 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl2.json; save 7;;
