@@ -14,7 +14,8 @@ batches continuously, the longest response), peak allocated and reserved memory.
 prompts also go through the engine's `LLM.generate` directly (plain vLLM, our integration's cost is the gap). With
 `--engine transformers` on a text shape, transformers' continuous batching (`generate_batch`) is probed too.
 `update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens, after one warm-up: tokens/s,
-MFU (6 N T + causal attention FLOPs over the card's dense bf16 peak), peak allocated / reserved memory.
+MFU (6 N T + causal attention FLOPs over the card's dense bf16 peak), peak allocated / reserved memory; with
+`--profile`, torch.profiler's top operators of one more update (what bounds the MFU).
 Each call is one process (engines never share a process); `report` prints ratios only between rows of one card.
 """
 from __future__ import annotations
@@ -185,9 +186,27 @@ def update_bench(a) -> dict:
     tokens, T = 16 * 1024, 1024
     flops = 6 * n_params * tokens + 6 * c.num_hidden_layers * c.hidden_size * T * T * 16  # causal attention: half of 12
     peak = next((v for k, v in PEAK_BF16.items() if k in card()), None)
+    memory = _memory()  # of the timed updates, before the profiled one
     return dict(kind="update", card=card(), model=str(a.model), sequences=16, tokens=tokens, seconds=seconds,
                 tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
-                mfu=flops / seconds / peak if peak else None, **_memory())
+                mfu=flops / seconds / peak if peak else None, **memory,
+                profile=profile(lambda: backend.update(batch)) if a.profile else None)
+
+
+def profile(fn, rows: int = 25) -> str:
+    """torch.profiler's table of one call of fn: the operators with the most device time (CPU time without a GPU),
+    which say what bounds a target that is missed."""
+    import torch
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as torch_profile
+
+    on_gpu = torch.cuda.is_available()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
+    with torch_profile(activities=activities) as prof:
+        fn()
+        _sync()
+    key = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
+    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
 
 
 def report(files: list[Path]):
@@ -222,6 +241,8 @@ def report(files: list[Path]):
                   f"| {mem} |")
     for r in (r for r in results if r["kind"] == "update"):
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+        if r.get("profile"):
+            print(f"\nupdate profile ({model(r)}):\n{r['profile']}")
         print(f"\nupdate ({model(r)}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, MFU {mfu}" + (
                   f"; peak allocated {r['peak_allocated_GB']:.1f} GB, reserved {r['peak_reserved_GB']:.1f} GB "
@@ -239,6 +260,7 @@ def main():
     e.add_argument("--no-probe-cb", dest="probe_cb", action="store_false", help="skip the generate_batch probe")
     u = sub.add_parser("update")
     u.add_argument("--repeat", type=int, default=3)
+    u.add_argument("--profile", action="store_true", help="one more update under torch.profiler: its top operators")
     for p in (e, u):
         p.add_argument("--model", type=Path, required=True)
         p.add_argument("--out", type=Path, required=True)

@@ -29,7 +29,7 @@ case $1 in
    ( T text-embedded python3 $B train --shape text --backend embedded --model /tmp/models/text --steps 2 --cuda 0 --run-dir /tmp/runs --out $J/text-embedded.json
      CUDA_VISIBLE_DEVICES=0 T engine-text-tf python3 $G engine --engine transformers --shape text --model /tmp/models/text --prompts 64 --out $J/engine-text-transformers.json ) &
    ( T vl-embedded python3 $B train --shape vl --backend embedded --model /tmp/models/vl --source /tmp/g3k --steps 2 --set micro_batch_size=2 --cuda 1 --run-dir /tmp/runs --out $J/vl-embedded.json
-     CUDA_VISIBLE_DEVICES=1 T update python3 $G update --model /tmp/models/text --out $J/update.json
+     CUDA_VISIBLE_DEVICES=1 T update python3 $G update --model /tmp/models/text --profile --out $J/update.json
      CUDA_VISIBLE_DEVICES=1 T engine-text-tf256 python3 $G engine --engine transformers --shape text --model /tmp/models/text --prompts 256 --no-probe-cb --out $J/engine-text-transformers256.json ) &
    wait; save 0;;
 1|2|3) part $1; ls -la /tmp/parts;;
