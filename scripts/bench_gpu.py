@@ -214,19 +214,20 @@ def report(files: list[Path]):
     bounds = {(r["shape"], model(r)): r for r in results if r["kind"] == "bound"}
     engines = [r for r in results if r["kind"] == "engine"]
     for shape in dict.fromkeys(r["shape"] for r in engines):
-        rows = [(r, dict(row, path=" ".join([row["path"], *r.get("overrides", [])])))
-                for r in engines if r["shape"] == shape for row in r["rows"]]
-        base = {(model(r), row["prompts"]): row for r, row in rows if row["path"] == "transformers"}
+        rows = [(r, row) for r in engines if r["shape"] == shape for row in r["rows"]]
+        # the baseline: model.generate on the same card, prompts and work (engine options change only how)
+        work = lambda r: tuple(o for o in r.get("overrides", []) if not o.startswith("vllm_options="))  # noqa: E731
+        base = {(model(r), row["prompts"], work(r)): row for r, row in rows if row["path"] == "transformers"}
         print(f"\n## engines, {shape} shape")
-        print("| path | card | prompts x G | tokens/s | ms / decode step | mean / longest | x model.generate | of bound "
-              "| peak alloc / reserved GB |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| path | card | settings | prompts x G | tokens/s | ms / decode step | mean / longest | x model.generate "
+              "| of bound | peak alloc / reserved GB |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r, row in rows:
             if "error" in row:
-                print(f"| {row['path']} | {model(r)} | {row.get('prompts')} x {row.get('G')} | failed: {row['error']} "
-                      "| | | | | |")
+                print(f"| {row['path']} | {model(r)} | {' '.join(r.get('overrides', [])) or '-'} | {row.get('prompts')} x "
+                      f"{row.get('G')} | failed: {row['error']} | | | | | |")
                 continue
-            b = base.get((model(r), row["prompts"]))
+            b = base.get((model(r), row["prompts"], work(r)))
             bound = bounds.get((shape, model(r)))
             ratio = f"{row['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "-"
             frac = "-"
@@ -236,7 +237,7 @@ def report(files: list[Path]):
                     bound["copy_rate_GBps"] * 1e9)
                 frac = f"{row['tokens_per_s'] / (rows_n / step):.1%}"
             mem = f"{row.get('peak_allocated_GB', 0):.1f} / {row.get('peak_reserved_GB', 0):.1f}"
-            print(f"| {row['path']} | {model(r)} | {row['prompts']} x {row['G']} | {row['tokens_per_s']:,.0f} | "
+            print(f"| {row['path']} | {model(r)} | {' '.join(r.get('overrides', [])) or '-'} | {row['prompts']} x {row['G']} | {row['tokens_per_s']:,.0f} | "
                   f"{row['ms_per_decode_step']:.2f} | {row['mean_length']:.0f} / {row['longest']} | {ratio} | {frac} "
                   f"| {mem} |")
     for r in (r for r in results if r["kind"] == "update"):

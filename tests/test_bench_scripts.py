@@ -1,0 +1,50 @@
+"""The GPU benchmark scripts on CPU, up to the GPU: scripts/bench_gpu.py measures the transformers engine and the
+update of the bundled policy and reports them; both reports read the committed results of docs/bench (one machine,
+2 x H200) into the tables docs/results.md quotes. What needs a GPU (vLLM, verl, the bound's copy rate) is not run."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "docs" / "bench" / "2026-11-27-2xH200"
+POLICY = ROOT / "bapo_vl" / "policy" / "countdown-tiny"
+
+
+def run(*args, cwd=None) -> str:
+    out = subprocess.run([sys.executable, *map(str, args)], capture_output=True, text=True, timeout=600, cwd=cwd)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return out.stdout
+
+
+def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_path):
+    # Could fail if the engine bench stopped counting tokens / decode steps, or the update bench broke on the backend.
+    engine, update = tmp_path / "engine.json", tmp_path / "update.json"
+    settings = ["--set", "device=cpu", "max_response_length=8", "generate_batch_size=8"]
+    run(ROOT / "scripts" / "bench_gpu.py", "engine", "--engine", "transformers", "--shape", "text", "--model", POLICY,
+        "--prompts", "2,4", "--no-probe-cb", "--out", engine, *settings, cwd=tmp_path)
+    rows = json.loads(engine.read_text())["rows"]
+    assert [(r["prompts"], r["sequences"]) for r in rows] == [(2, 16), (4, 32)]
+    for r in rows:  # model.generate in chunks of 8 rows, each chunk decoded to its longest row
+        chunks = (r["sequences"] + 7) // 8
+        assert 0 < r["tokens"] <= 8 * r["sequences"] and r["longest"] <= 8
+        assert r["longest"] <= r["decode_steps"] <= r["longest"] * chunks and r["decode_steps"] >= chunks
+    run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--out", update,
+        "--set", "device=cpu", cwd=tmp_path)
+    u = json.loads(update.read_text())
+    assert u["tokens"] == 16 * 1024 and u["seconds"] > 0 and u["mfu"] is None  # no peak FLOP/s for a CPU
+    table = run(ROOT / "scripts" / "bench_gpu.py", "report", engine, update)
+    assert "| transformers | cpu | device=cpu max_response_length=8 generate_batch_size=8 | 2 x 8 |" in table
+    assert table.count("1.00x") == 2 and "16 x 1,024 tokens" in table
+
+
+def test_reports_of_the_committed_two_h200_results():
+    # Could fail if a report compared rows across settings it should not, or lost the same-machine ratios.
+    files = sorted(BENCH.glob("*.json"))
+    steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *files)
+    assert "| embedded (vllm engine) | NVIDIA H200 | rollout_engine=vllm | 11.82 |" in steps
+    assert "2.85x" in steps and "| verl, 2 GPU | NVIDIA H200 | - | 22.90 |" in steps
+    assert "| verl, 1 GPU | NVIDIA H200 | - | 56.97 |" in steps and "0.88x" in steps
+    engines = run(ROOT / "scripts" / "bench_gpu.py", "report", *files)
+    assert "| vllm | NVIDIA H200 | - | 64 x 8 | 26,556 | 7.56 | 201 / 512 | 9.49x | 3.3% |" in engines
+    assert "MFU 13.5%" in engines
