@@ -2,7 +2,10 @@
 # The device-tool plan that produced docs/bench/2026-11-27-2xH200 (issues 10, 11), one call per argument, on ONE
 # 2-GPU machine kept warm between calls (it goes back after 30 s idle):   bash scripts/gpu/device_session.sh N
 #   calls 0-4 carry .gpu-stack/cN (the GPU stack of ../shared/tools/gpu-stack, re-split into 5 parts of 52 MB so
-#   that .gpu-data, 200 Geometry3K rows with their diagrams, fits beside part 0); calls 4-7 carry .gpu-stack/extra.
+#   that .gpu-data, 200 Geometry3K rows with their diagrams, fits beside part 0; re-split the built chunks with
+#   cat .gpu-stack/c?/stack.part.? > /tmp/s.xz && (cd /tmp && split -n 5 -d -a 1 s.xz stack.part.) &&
+#   for k in 0 1 2 3 4; do rm .gpu-stack/c$k/*; mv /tmp/stack.part.$k .gpu-stack/c$k/; done); calls 4-8 carry
+#   .gpu-stack/extra (qwen-vl-utils, unpacked).
 #   Results: $OUT/callN.tgz (result JSON, log tails, run records). bench_backends removes each run's weights after
 #   reading its figures (a 2 B model's checkpoints filled the disk once). 0 = models, bounds and the embedded
 #   rows (both cards); 4 = unpack + text on 2 GPUs; 5 = text on 1 GPU beside the vLLM engine checks and bench on the
