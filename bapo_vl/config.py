@@ -184,7 +184,8 @@ class Config:
     mini_batch_size: int = within(64, Range(ge=1))
     """prompts (groups) per optimizer step"""
     micro_batch_size: int = within(16, Range(ge=1))
-    """sequences per forward/backward (gradient accumulation inside a mini-batch)"""
+    """sequences per forward/backward (gradient accumulation inside a mini-batch; the embedded backend groups them by
+    length, except for balanced_clip, whose bounds are taken per micro-batch)"""
     # loss defaults are declared once, in losses.LossConfig; so are their docs (field_docs reads them there)
     loss: str = within(LossConfig.name, POLICY_LOSSES)
     """policy loss: ppo_clip | gspo | balanced_clip"""

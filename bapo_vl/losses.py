@@ -147,6 +147,11 @@ get_policy_loss = POLICY_LOSSES.lookup
 """The registered policy loss `name`; an unknown name raises UnknownName (a ValueError) listing the known ones."""
 
 
+MICRO_BATCH_STATISTICS = {"balanced_clip"}
+"""Policy losses that take statistics over the sequences of one call (its micro-batch): which sequences share a call
+changes their result, so the embedded update keeps their micro-batches in group order rather than by length."""
+
+
 def policy_loss_names() -> list[str]:
     return sorted(POLICY_LOSSES)
 

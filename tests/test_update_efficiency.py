@@ -106,3 +106,43 @@ def test_vl_logprobs_entropy_loss_and_grads_match_full_logits(tmp_path, monkeypa
     prompts = [backend.encode(p) for p in problems]
     assert all("pixel_values" in p for p in prompts)
     check(backend, prompts, [[70, 71, 72, 73, 74, 75], [80, 81, 82]])
+
+
+def test_update_micro_batches_by_length_pad_less_and_change_no_gradient(tmp_path, monkeypatch):
+    # Could fail if grouping sequences by length changed the loss or an update (beyond float summation order), or
+    # if it saved no padding; balanced_clip, whose bounds are per micro-batch, must keep the group order.
+    from bapo_vl import losses
+    from bapo_vl.backends.base import Response, UpdateBatch
+
+    problems = get_task("countdown").load(split="train", template="compact")[:4]
+    lengths = [[8, 1, 7, 2], [1, 8, 2, 7], [6, 3, 8, 1], [2, 7, 1, 8]]  # every group spans short and long
+
+    def one_update(**kw):
+        backend = make("countdown-tiny", tmp_path, micro_batch_size=4, mini_batch_size=4, **kw)
+        prompts = [backend.encode(p) for p in problems]
+        responses = [[tuple(range(40, 40 + n)) for n in row] for row in lengths]
+        flat = [r for rs in responses for r in rs]
+        behaviour = backend.score(backend.policy, [p for p in prompts for _ in range(4)], flat)
+        groups = tuple(tuple(Response(r, tuple(behaviour[g * 4 + i, :len(r)].tolist())) for i, r in enumerate(rs))
+                       for g, rs in enumerate(responses))
+        padded, grads = [], []
+        collate = backend._collate
+        # the accumulated gradient each optimizer step would apply (Adam's first step turns float noise into +-lr)
+        monkeypatch.setattr(backend.optimizer, "step", lambda: grads.append(
+            {k: p.grad.clone() for k, p in backend.policy.named_parameters() if p.grad is not None}))
+        monkeypatch.setattr(backend, "_collate", lambda ps, rs=None: padded.append(
+            len(rs) * max(map(len, rs)) - sum(map(len, rs))) or collate(ps, rs) if rs else collate(ps, rs))
+        metrics = backend._update(UpdateBatch(prompts=tuple(prompts), responses=groups,
+                                              rewards=tuple((1.0, 0.0, 1.0, 0.0) for _ in prompts),
+                                              advantages=tuple((1.0, -1.0, 0.5, -0.5) for _ in prompts)))
+        return grads, metrics, sum(padded)
+
+    by_length, m_sorted, pad_sorted = one_update()
+    monkeypatch.setattr(embedded, "MICRO_BATCH_STATISTICS", {*losses.MICRO_BATCH_STATISTICS, "ppo_clip"})
+    in_order, m_order, pad_order = one_update()
+    assert pad_sorted < pad_order
+    assert m_sorted["loss"] == pytest.approx(m_order["loss"], rel=1e-5, abs=1e-7)
+    assert len(by_length) == len(in_order) == 1  # one mini-batch: one optimizer step
+    for k, g in in_order[0].items():
+        # float summation order: elements near zero differ in their last bits
+        torch.testing.assert_close(by_length[0][k], g, rtol=1e-5, atol=1e-5 * float(g.abs().max()))

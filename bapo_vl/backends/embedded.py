@@ -22,7 +22,7 @@ from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, Aut
 from bapo_vl.backends.base import Policy, Response, UpdateBatch, old_logprobs, pack, right_pad
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.engines import make_engine
-from bapo_vl.losses import entropy_from_logits, gae_advantages, total_loss, value_loss
+from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
 from bapo_vl.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -246,7 +246,9 @@ class EmbeddedBackend:
 
     def _update(self, batch: UpdateBatch) -> dict:
         """PPO-style update in mini-batches of `mini_batch_size` groups, with gradient accumulation over
-        micro-batches of `micro_batch_size` sequences. Per-token tensors are (N, R) on CPU; micro-batches move."""
+        micro-batches of `micro_batch_size` sequences of similar length (each is padded to its longest; the loss is
+        normalised by the mini-batch's token and sequence counts, so the split does not change it). Per-token tensors
+        are (N, R) on CPU; micro-batches move."""
         cfg = self.cfg
         rows = batch.sequences()
         group = [g for g, *_ in rows]
@@ -270,6 +272,8 @@ class EmbeddedBackend:
             for mini in _chunks(groups, cfg.mini_batch_size):
                 members = set(mini)
                 idx = [i for i, g in enumerate(group) if g in members]
+                if cfg.loss not in MICRO_BATCH_STATISTICS:  # similar lengths share a micro-batch: little padding
+                    idx.sort(key=lambda i: len(prompts[i]["input_ids"]) + len(responses[i]))
                 n_tokens = sum(len(responses[i]) for i in idx)
                 self.optimizer.zero_grad(set_to_none=True)
                 terms = dict(mask=mask, adv=adv, old=old, ref=ref, is_w=is_w)
