@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bapo_vl.config import load_config
+from bapo_vl.config import Config, load_config
 from bapo_vl.evaluate import EvalOptions, run_eval
 from bapo_vl.reader import migration as bin_migration
 from bapo_vl.record import RunRecord, query_ro
@@ -104,6 +104,17 @@ def coarse(m: list[list[int]]) -> tuple[list[str], list[list[int]]]:
     a = np.array(m)
     return (["0/k", "<1/2", ">=1/2", "k/k"],
             [[int(a[r0:r1, c0:c1].sum()) for c0, c1 in edges] for r0, r1 in edges])
+
+
+def bin_changes(m: list[list[int]]) -> list[float | None]:
+    """Mean change of accuracy (correct/k, end - start) of the prompts in each coarse start bin (0/k, under half,
+    half or more, k/k) of a (k+1)x(k+1) migration matrix; None for an empty bin. Where a method gains and loses."""
+    k = len(m) - 1
+    a = np.array(m, dtype=float)
+    edges = [(0, 1), (1, math.ceil(k / 2)), (math.ceil(k / 2), k), (k, k + 1)]
+    delta = np.arange(k + 1)[None, :] - np.arange(k + 1)[:, None]  # end count - start count
+    return [float((a[r0:r1] * delta[r0:r1]).sum() / (k * a[r0:r1].sum())) if a[r0:r1].sum() else None
+            for r0, r1 in edges]
 
 
 # ----------------------------------------------------------------------------- seed statistics
@@ -255,6 +266,14 @@ def record_evals(run_dir: Path, step: int, row: dict, hard: list[str], k: int) -
         record.close()
 
 
+def with_new_defaults(settings: dict) -> dict:
+    """A ledger's settings with the Config fields added since it was written, at their defaults: a field that did
+    not exist then changed nothing, so its default must not make the ledger's evaluations look foreign."""
+    defaults = json.loads(json.dumps(Config().to_dict()))
+    config = settings.get("config", {})
+    return {**settings, "config": {**{k: v for k, v in defaults.items() if k not in config}, **config}}
+
+
 class Ledger:
     """The evaluations done, one JSON line each in RUNS/study.jsonl, keyed (entry, seed, budget); its first line
     holds the settings they were made with, and a later command with other settings is refused."""
@@ -265,7 +284,7 @@ class Ledger:
         lines = text.splitlines()
         if text and not text.endswith("\n"):  # a --jobs child is appending it right now: not ours to read yet
             lines = lines[:-1]
-        if lines and json.loads(lines[0]) != settings:
+        if lines and with_new_defaults(json.loads(lines[0])) != settings:
             raise ValueError(f"{path} was made with other settings ({lines[0][:300]}...): give another --runs, "
                              f"or remove {path.parent} to start over")
         for line in lines[1:]:
@@ -441,7 +460,8 @@ def report(result: dict, opts: StudyOptions, machine: dict, plots: bool = True) 
               "Train s: the steps' recorded generate + score + train + sync seconds (no model loading, checkpoints or "
               "evaluations); compare them only between runs on the same device."]
     lines += comparison(result, opts, metrics, heads) + targets(result, opts)
-    lines += checkpoint_table(result, opts) + budget_check(result, opts) + migration_tables(result, opts)
+    lines += checkpoint_table(result, opts) + budget_check(result, opts) + bin_table(result, opts)
+    lines += migration_tables(result, opts)
     lines += ["", "Plots: `accuracy.png` (greedy, mean@k, pass@k vs rollouts; band = ± sd over seeds), "
               "`unlocked.png` (hard set unlocked vs rollouts)." if plots else "No plots: matplotlib was missing.",
               "Numbers: `results.json`; every evaluation, with per-prompt counts: the ledger `study.jsonl`.", ""]
@@ -516,6 +536,23 @@ def budget_check(result, opts) -> list[str]:
     return ["", f"Every run stops after the first step whose rollouts reach the budget: final counts "
             f"{min(spent):,}..{max(spent):,} for a budget of {opts.budget:,} (overshoot under one step: "
             f"at most {max(spent) - opts.budget:,})."]
+
+
+def bin_table(result, opts) -> list[str]:
+    """Mean accuracy change by start bin, per entry (mean ± sd over seeds), with the start policy resampled as the
+    floor: prompts at 0/k can only rise and at k/k only fall by resampling alone."""
+    labels = ["0/k", "<1/2", ">=1/2", "k/k"]
+    sizes = [int(sum(row)) for row in coarse(result["start"]["migration"])[1]]
+    out = ["", f"## Where accuracy moved: mean change of correct/{opts.k} by the start policy's bin (end - start)", "",
+           "| | " + " | ".join(f"{b} ({n} prompts)" for b, n in zip(labels, sizes)) + " |", "| --- " * 5 + "|"]
+
+    def cells(rows):
+        per_bin = list(zip(*[bin_changes(r["migration"]) for r in rows]))
+        return [_ms(list(xs), "{:+.3f}") if xs and None not in xs else "–" for xs in per_bin]
+
+    out.append("| start policy, resampled | " + " | ".join(cells([result["resampled"]])) + " |")
+    out += [f"| {entry} | " + " | ".join(cells(final_rows(result, entry))) + " |" for entry in opts.algos]
+    return out
 
 
 def migration_tables(result, opts) -> list[str]:

@@ -10,7 +10,8 @@ import torch
 
 from bapo_vl.cli import main as bapo
 from bapo_vl.config import Config, load_config
-from bapo_vl.study import KNOBS, StudyOptions, coarse, hard_set, main, migration, targets, unlocked, within_noise
+from bapo_vl.study import (KNOBS, StudyOptions, bin_changes, coarse, hard_set, main, migration, targets, unlocked,
+                            within_noise)
 
 SMALL = ["batch_size=4", "group_size=4", "task_options={template: compact, limit: 64}"]  # 64 training prompts
 
@@ -62,6 +63,9 @@ def test_hard_set_unlocked_and_migration_by_hand():
     assert c == [[1, 1, 0, 1], [0, 0, 0, 0], [0, 0, 1, 0], [0, 0, 0, 1]]
     with pytest.raises(ValueError, match="'e' was not evaluated"):  # a hard prompt missing from a later evaluation
         unlocked(hard, {"a": 1, "b": 0})
+    # mean change of correct/4 by start bin: 0/k {b: 0, a: +1, e: +4} -> 5/12; <1/2 empty; >=1/2 {c: +1} -> 1/4;
+    # k/k {d: 0} -> 0
+    assert bin_changes(m) == [pytest.approx(5 / 12), None, pytest.approx(1 / 4), 0.0]
 
 
 def test_within_noise_rule():
@@ -232,3 +236,19 @@ def test_hard_set_target_is_no_evidence_under_the_resampling_floor():
     assert "-> met;" in line(result(0.30, 0.10, floor=0.05))
     assert "met on paper, but no evidence" in line(result(0.03, 0.01, floor=0.11))
     assert "-> not met;" in line(result(0.12, 0.10, floor=0.05))
+
+
+def test_a_ledger_from_before_a_new_config_field_still_opens(tmp_path):
+    # Could fail if adding a Config field (at its default) made every existing study ledger "made with other
+    # settings", or if a ledger whose recorded value differs from today's were accepted.
+    from bapo_vl.study import Ledger
+
+    settings = json.loads(json.dumps({"config": Config().to_dict(), "k": 4}))
+    older = {**settings, "config": {k: v for k, v in settings["config"].items() if k != "vllm_options"}}
+    path = tmp_path / "study.jsonl"
+    path.write_text(json.dumps(older) + "\n" + json.dumps({"entry": "grpo", "seed": 0, "budget": 8}) + "\n")
+    assert Ledger(path, settings).get("grpo", 0, 8) == {"entry": "grpo", "seed": 0, "budget": 8}
+    other = {**older, "config": {**older["config"], "lr": 0.5}}
+    path.write_text(json.dumps(other) + "\n")
+    with pytest.raises(ValueError, match="made with other settings"):
+        Ledger(path, settings)
