@@ -132,7 +132,6 @@ class VllmEngine:
         from bapo_vl.backends.embedded import resolve_model
 
         self.backend, cfg = backend, backend.cfg
-        # token ids in, token ids out: vLLM never needs the tokenizer (ours may be one it cannot load)
         fixed = dict(model=resolve_model(cfg.model), dtype="bfloat16", seed=cfg.seed, enable_sleep_mode=True,
                      max_model_len=cfg.max_prompt_length + cfg.max_response_length,
                      skip_tokenizer_init=not backend.is_vl,  # token ids in and out for text: ours may not load there
@@ -142,7 +141,9 @@ class VllmEngine:
         # decode is bandwidth-bound: wide batches; the trainer needs the rest of the card
         self.llm = LLM(**fixed, **{"gpu_memory_utilization": 0.3, "max_num_seqs": 1024, **cfg.vllm_options})
         stop = sorted(backend.eos_ids)
-        common = dict(max_tokens=cfg.max_response_length, stop_token_ids=stop, detokenize=False)
+        common = dict(max_tokens=cfg.max_response_length, stop_token_ids=stop, detokenize=False,
+                      # as the transformers engine's suppress_tokens: an image placeholder in a response breaks scoring
+                      logit_bias={t: -100.0 for t in backend.suppress} if backend.suppress else None)
         # logprobs are not asked for: the backend scores alpha's with the trainer's model code.
         self.sampling = lambda n: SamplingParams(n=n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
                                                  seed=int(torch.randint(2 ** 31, ())), **common)
