@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-from bench_backends import SHAPES, card, model  # noqa: E402
+from bench_backends import SHAPES, card, card_model  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core FLOP/s
 
@@ -211,24 +211,24 @@ def profile(fn, rows: int = 25) -> str:
 
 def report(files: list[Path]):
     results = [json.loads(f.read_text()) for f in files]
-    bounds = {(r["shape"], model(r)): r for r in results if r["kind"] == "bound"}
+    bounds = {(r["shape"], card_model(r)): r for r in results if r["kind"] == "bound"}
     engines = [r for r in results if r["kind"] == "engine"]
     for shape in dict.fromkeys(r["shape"] for r in engines):
         rows = [(r, row) for r in engines if r["shape"] == shape for row in r["rows"]]
         # the baseline: model.generate on the same card, prompts and work (engine options change only how)
         work = lambda r: tuple(o for o in r.get("overrides", []) if not o.startswith("vllm_options="))  # noqa: E731
-        base = {(model(r), row["prompts"], work(r)): row for r, row in rows if row["path"] == "transformers"}
+        base = {(card_model(r), row["prompts"], work(r)): row for r, row in rows if row["path"] == "transformers"}
         print(f"\n## engines, {shape} shape")
         print("| path | card | settings | prompts x G | tokens/s | ms / decode step | mean / longest | x model.generate "
               "| of bound | peak alloc / reserved GB |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r, row in rows:
             if "error" in row:
-                print(f"| {row['path']} | {model(r)} | {' '.join(r.get('overrides', [])) or '-'} | {row.get('prompts')} x "
+                print(f"| {row['path']} | {card_model(r)} | {' '.join(r.get('overrides', [])) or '-'} | {row.get('prompts')} x "
                       f"{row.get('G')} | failed: {row['error']} | | | | | |")
                 continue
-            b = base.get((model(r), row["prompts"], work(r)))
-            bound = bounds.get((shape, model(r)))
+            b = base.get((card_model(r), row["prompts"], work(r)))
+            bound = bounds.get((shape, card_model(r)))
             ratio = f"{row['tokens_per_s'] / b['tokens_per_s']:.2f}x" if b else "-"
             frac = "-"
             if bound:  # the bound at this row count: weights once per step + KV of every row
@@ -237,14 +237,14 @@ def report(files: list[Path]):
                     bound["copy_rate_GBps"] * 1e9)
                 frac = f"{row['tokens_per_s'] / (rows_n / step):.1%}"
             mem = f"{row.get('peak_allocated_GB', 0):.1f} / {row.get('peak_reserved_GB', 0):.1f}"
-            print(f"| {row['path']} | {model(r)} | {' '.join(r.get('overrides', [])) or '-'} | {row['prompts']} x {row['G']} | {row['tokens_per_s']:,.0f} | "
+            print(f"| {row['path']} | {card_model(r)} | {' '.join(r.get('overrides', [])) or '-'} | {row['prompts']} x {row['G']} | {row['tokens_per_s']:,.0f} | "
                   f"{row['ms_per_decode_step']:.2f} | {row['mean_length']:.0f} / {row['longest']} | {ratio} | {frac} "
                   f"| {mem} |")
     for r in (r for r in results if r["kind"] == "update"):
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         if r.get("profile"):
-            print(f"\nupdate profile ({model(r)}):\n{r['profile']}")
-        print(f"\nupdate ({model(r)}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
+            print(f"\nupdate profile ({card_model(r)}):\n{r['profile']}")
+        print(f"\nupdate ({card_model(r)}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, MFU {mfu}" + (
                   f"; peak allocated {r['peak_allocated_GB']:.1f} GB, reserved {r['peak_reserved_GB']:.1f} GB "
                   f"({r['peak_reserved_GB'] / r['peak_allocated_GB']:.2f}x)" if "peak_allocated_GB" in r else ""))

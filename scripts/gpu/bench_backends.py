@@ -182,7 +182,7 @@ def _write(out: Path, result: dict):
     out.write_text(json.dumps(result, indent=1))
 
 
-def model(row: dict) -> str:
+def card_model(row: dict) -> str:
     """The card's model: rows compare across the runs of one machine, whichever of its cards each could see (the
     files given to `report` should come from one machine: one folder of docs/bench)."""
     return row["card"].split(" x ", 1)[-1]
@@ -215,12 +215,12 @@ def report(files: list[Path]):
                 else f"verl, {r['gpus']} GPU"
             changed = " ".join(r.get("overrides") or []) or "-"
             if "step_s" not in r:
-                print(f"| {label} | {model(r)} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | |")
+                print(f"| {label} | {card_model(r)} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | |")
                 continue
-            comparable = base and (model(base), settings(base)) == (model(r), settings(r))
+            comparable = base and (card_model(base), settings(base)) == (card_model(r), settings(r))
             ratio = f"{base['step_s'] / r['step_s']:.2f}x" if comparable else "- (other card or settings)"
-            frac = f"{r['generate_tokens_per_s'] / b['tokens_per_s']:.1%}" if b and model(b) == model(r) else "-"
-            print(f"| {label} | {model(r)} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {r['score_s']:.2f} / "
+            frac = f"{r['generate_tokens_per_s'] / b['tokens_per_s']:.1%}" if b and card_model(b) == card_model(r) else "-"
+            print(f"| {label} | {card_model(r)} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {r['score_s']:.2f} / "
                   f"{r['train_s']:.2f} / {r['sync_s']:.2f} | {r['rollouts']:.0f} x {r['response_length']:.0f} | "
                   f"{r['generate_tokens_per_s']:,.0f} | {ratio} | {frac} | {r['train_tokens_per_s']:,.0f} |")
 
