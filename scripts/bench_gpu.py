@@ -28,15 +28,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-from bench_backends import SHAPES, card, card_model  # noqa: E402
+from bench_backends import SHAPES, _write, card, card_model  # noqa: E402
 
 PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core FLOP/s
-
-
-def _write(out: Path, result: dict):
-    print(json.dumps(result), flush=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
 
 
 def _config(shape: str, model: Path, engine: str, source: str | None, extra: list[str]):

@@ -53,6 +53,11 @@ def _combine(micro_metrics: list[dict]) -> dict:
     return out
 
 
+def _by_length(idx: list[int], prompts: list[dict], responses: list) -> list[int]:
+    """idx ordered by sequence length (prompt + response): micro-batches of neighbours are padded little."""
+    return sorted(idx, key=lambda i: len(prompts[i]["input_ids"]) + len(responses[i]))
+
+
 def _chunks(items, size):
     for i in range(0, len(items), size):
         yield items[i:i + size]
@@ -218,8 +223,7 @@ class EmbeddedBackend:
         """(N, R) log-probs of each response's tokens under `model`, right-padded with 0 (on CPU). Sequences are
         batched in order of length, so each micro-batch is padded little beyond its own sequences."""
         out = torch.zeros(len(responses), max(len(r) for r in responses))
-        order = sorted(range(len(prompts)), key=lambda i: len(prompts[i]["input_ids"]) + len(responses[i]))
-        for idx in _chunks(order, self.cfg.micro_batch_size):
+        for idx in _chunks(_by_length(list(range(len(prompts))), prompts, responses), self.cfg.micro_batch_size):
             batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
             R = max(len(responses[i]) for i in idx)
             logp, _ = self._token_logprobs(model, batch, R)
@@ -273,7 +277,7 @@ class EmbeddedBackend:
                 members = set(mini)
                 idx = [i for i, g in enumerate(group) if g in members]
                 if cfg.loss not in MICRO_BATCH_STATISTICS:  # similar lengths share a micro-batch: little padding
-                    idx.sort(key=lambda i: len(prompts[i]["input_ids"]) + len(responses[i]))
+                    idx = _by_length(idx, prompts, responses)
                 n_tokens = sum(len(responses[i]) for i in idx)
                 self.optimizer.zero_grad(set_to_none=True)
                 terms = dict(mask=mask, adv=adv, old=old, ref=ref, is_w=is_w)

@@ -21,6 +21,7 @@ import json
 import os
 
 import torch
+import verl.utils.torch_functional as verl_tf
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
 
 from bapo_vl.losses import LossConfig, all_reduce_sum, balanced_clip_loss
@@ -97,8 +98,6 @@ def logprobs_by_chunks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return torch.cat(out) if out else logits.new_zeros(labels.shape)
 
 
-import verl.utils.torch_functional as _verl_tf  # noqa: E402
-
-verl_row_loop = _verl_tf.logprobs_from_logits_v2  # verl's own, kept for tests and the A/B benchmark
+verl_row_loop = verl_tf.logprobs_from_logits_v2  # verl's own, kept for tests and the A/B benchmark
 if os.environ.get("BAPO_VERL_ROW_LOOP_LOGPROBS") != "1":
-    _verl_tf.logprobs_from_logits_v2 = logprobs_by_chunks  # what verl's logprobs_from_logits calls without flash-attn
+    verl_tf.logprobs_from_logits_v2 = logprobs_by_chunks  # what verl's logprobs_from_logits calls without flash-attn

@@ -89,6 +89,7 @@ def main(argv: list[str]) -> int:
 
     from bapo_vl.backends.base import UpdateBatch
     from bapo_vl.backends.embedded import EmbeddedBackend
+    from bapo_vl.backends.engines import TransformersEngine
     from bapo_vl.config import load_config
     from bapo_vl.train import load_problems
 
@@ -143,17 +144,9 @@ def main(argv: list[str]) -> int:
 
     # x2: greedy answers of a re-evaluation are pi_theta's; then alpha is back
     x2 = [list(r.tokens) for g in backend.generate(prompts, 1, "current", greedy=True, logprobs=False) for r in g]
-    ref = {}
-    for name, model in (("pi_theta", backend.policy), ("alpha", backend.rollout)):
-        with backend._autocast():
-            rows = []
-            for p in prompts:
-                batch = backend._collate([p])
-                P = batch.pop("P")
-                batch.pop("position_ids", None)
-                out = model.generate(**batch, generation_config=backend.greedy)
-                rows.append(out[0, P:].tolist())
-        ref[name] = rows
+    reference = TransformersEngine(backend)  # model.generate on the trainer's own pi_theta and alpha
+    ref = {name: reference.sample(prompts, 1, policy, greedy=True)
+           for name, policy in (("pi_theta", "current"), ("alpha", "rollout"))}
     a_theta, a_alpha = agreement(x2, ref["pi_theta"]), agreement(x2, ref["alpha"])
     after_alpha, after_theta = probe_distances()
     check("x2", a_theta > a_alpha and a_theta > 0.5 and after_alpha < TOLERANCE and after_theta > SEPARATION * after_alpha,
