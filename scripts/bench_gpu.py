@@ -120,10 +120,7 @@ def engine_bench(a) -> dict:
 
 def plain_vllm(engine, prompts, G) -> list[list[int]]:
     """The same prompts through the engine's vLLM `LLM.generate`, nothing of ours around it."""
-    from vllm.inputs import TokensPrompt
-
-    outs = engine.llm.generate([TokensPrompt(prompt_token_ids=p["input_ids"].tolist()) for p in prompts],
-                               engine.sampling(G), use_tqdm=False)
+    outs = engine.llm.generate(engine.inputs(prompts), engine.sampling(G), use_tqdm=False)
     return [list(o.token_ids) for out in outs for o in out.outputs]
 
 

@@ -8,7 +8,7 @@ tokens that were sampled, whichever engine sampled them.
     transformers  `model.generate` with a dynamic cache on the backend's own alpha / pi_theta models; always there.
     vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA). Text models: checked on an H200 by
                   scripts/gpu/engine_checks.py (docs/results.md), 9.5x `model.generate`'s tokens/s at 64 x 8 x 512.
-                  Qwen2.5-VL: written, NOT RUN on a GPU yet (engine_checks.py --vl checks it).
+                  Qwen2.5-VL: written, NOT RUN on a GPU yet (engine_checks.py --preset geometry3k).
     auto          vllm when it is installed, the device is cuda and the model is a text model; else transformers.
 """
 from __future__ import annotations
