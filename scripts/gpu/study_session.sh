@@ -5,9 +5,12 @@
 #   bash scripts/gpu/study_session.sh tiny     # the bundled policy: 7 algorithms x 3 seeds, then 6 knobs x 1 seed
 #   bash scripts/gpu/study_session.sh 13m-policy   # train the 13 M policy (seeded SFT, ~4 min on an H200)
 #   bash scripts/gpu/study_session.sh 13m      # then the same grid on it (again until it prints the table)
+#   bash scripts/gpu/study_session.sh 13m-all REPO   # both, for a background (setsid) process: the caller's
+#        environment (PYTHONPATH, CUDA_VISIBLE_DEVICES) as it is, a copy of the repo in REPO, results in /tmp/out13
 # The ledger (study.jsonl) and the reports go to $OUT every 15 s and at the end, finished or not: the same command on
 # the same warm machine continues a study, and a ledger copied back makes the report and plots here without training.
-. scripts/gpu/env.sh; export PYTHONPATH=/tmp/shim PYTHONUNBUFFERED=1; R=$PWD; cd /tmp
+if [ "$1" = 13m-all ]; then R=$2; OUT=/tmp/out13; mkdir -p $OUT; else . scripts/gpu/env.sh; export PYTHONPATH=/tmp/shim; R=$PWD; fi
+export PYTHONUNBUFFERED=1; cd /tmp
 nproc; nvidia-smi -L
 HELD="--split test --source $R/.carry/tinyzero_test_1024_base.jsonl --k 16 --limit 256"
 KNOBS="bapo_v1,bapo_v2,bapo_m1,bapo_gaussian,bapo_age1,bapo_age6"
@@ -18,6 +21,11 @@ tiny) RUNS=/tmp/st; S="--budget 15360 --checkpoints 2 $HELD --runs $RUNS device=
 13m-policy) timeout 540 python3 $R/scripts/train_default_policy.py --size countdown-13m --out /tmp/policies/countdown-13m \
           --exclude-file $R/.carry/tinyzero_test_1024_base.jsonl --eval-data $R/.carry/tinyzero_test_1024_base.jsonl \
           --eval-every 1000 2>&1 | tail -30; cp /tmp/policies/countdown-13m/*.json $OUT/ 2>/dev/null; exit;;
+13m-all) python3 $R/scripts/train_default_policy.py --size countdown-13m --out /tmp/policies/countdown-13m \
+          --exclude-file $R/.carry/tinyzero_test_1024_base.jsonl --eval-data $R/.carry/tinyzero_test_1024_base.jsonl \
+          --eval-every 1000 || exit 1
+      python3 -m bapo_vl.study --seeds 0,1,2 --jobs 21 --budget 15360 --checkpoints 2 $HELD --runs /tmp/st13 \
+          model=/tmp/policies/countdown-13m device=cuda --out $OUT/countdown-13m; echo "study rc=$?"; exit;;
 13m)  RUNS=/tmp/st13
       S="--budget 15360 --checkpoints 2 $HELD --runs $RUNS model=/tmp/policies/countdown-13m device=cuda"
       STUDY="python3 $R/scripts/study.py --seeds 0,1,2 --jobs 14 $S --out $OUT/countdown-13m";;
