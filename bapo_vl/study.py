@@ -446,17 +446,20 @@ def report(result: dict, opts: StudyOptions, machine: dict, plots: bool = True) 
              f"policy got 0/{k} right; unlocked = the fraction of them solved >= 1/{k} by fresh samples. The start "
              f"policy itself, resampled, unlocks {result['resampled']['unlocked']:.3f}: the floor from sampling alone",
              "", f"## At the budget ({opts.budget:,} rollouts)", "",
-             "| | " + " | ".join(heads) + f" | rollouts | train s | Δ mean@{k} per 1k rollouts |",
-             "| --- " * (len(heads) + 4) + "|"]
+             "| | " + " | ".join(heads) + f" | rollouts | steps | train s | Δ mean@{k} per 1k rollouts |",
+             "| --- " * (len(heads) + 5) + "|"]
     for name, row in (("start policy", start), ("start policy, resampled", result["resampled"])):
-        lines.append(f"| {name} | " + " | ".join(f"{row[m]:.3f}" for m in metrics) + " | – | – | – |")
+        lines.append(f"| {name} | " + " | ".join(f"{row[m]:.3f}" for m in metrics) + " | – | – | – | – |")
     for entry in opts.algos:
         rows = final_rows(result, entry)
         gain = [(r["mean@k"] - start["mean@k"]) / (r["rollouts"] / 1000) for r in rows]
         cells = [*(_ms([r[m] for r in rows]) for m in metrics), _ms([r["rollouts"] for r in rows], "{:,.0f}"),
-                 _ms([r["train_seconds"] for r in rows], "{:.1f}"), _ms(gain, "{:+.4f}")]
+                 _ms([r["step"] for r in rows], "{:.0f}"), _ms([r["train_seconds"] for r in rows], "{:.1f}"),
+                 _ms(gain, "{:+.4f}")]
         lines.append(f"| {entry} | " + " | ".join(cells) + " |")
     lines += ["", f"Δ mean@{k} per 1k rollouts = (mean@{k} - the start policy's) / (rollouts / 1000). "
+              "Steps: training steps (policy updates) taken to spend the budget: equal rollouts are not equal updates "
+              "(DAPO's dynamic sampling and BAPO's re-evaluations spend rollouts without an update). "
               "Train s: the steps' recorded generate + score + train + sync seconds (no model loading, checkpoints or "
               "evaluations); compare them only between runs on the same device."]
     lines += comparison(result, opts, metrics, heads) + targets(result, opts)

@@ -150,6 +150,13 @@ def test_small_study_writes_table_and_plots_at_one_budget(tmp_path, capsys):
                 for m in ("greedy", "mean@k", "pass@k"):
                     assert evals[(r["step"], "heldout", m)] == pytest.approx(r[m]), m
             assert len(evals) == 2 * (3 + 4)  # two checkpoints: none lost to the resume between them
+    # the table's steps: each entry's mean updates over seeds (equal rollouts need not be equal updates)
+    lines = table.splitlines()
+    head = [c.strip() for c in next(x for x in lines if x.startswith("| | greedy")).split("|")]
+    for entry in ("grpo", "bapo"):
+        row = [c.strip() for c in next(x for x in lines if x.startswith(f"| {entry} |")).split("|")]
+        steps = [r["step"] for r in result["runs"] if r["entry"] == entry and r["budget"] == 40]
+        assert float(row[head.index("steps")].split(" ± ")[0]) == pytest.approx(sum(steps) / len(steps), abs=0.5)
     ledger = (runs / "study.jsonl").read_text()
     assert main(argv) == 0  # everything is in the ledger: nothing is trained or evaluated again
     assert (runs / "study.jsonl").read_text() == ledger

@@ -7,13 +7,17 @@
 #   for k in 0 1 2 3 4; do rm .gpu-stack/c$k/*; mv /tmp/stack.part.$k .gpu-stack/c$k/; done); every call carries
 #   .gpu-stack/extra (qwen-vl-utils, unpacked) and .carry (the TinyZero test split, the study's held-out prompts).
 #   Results: $OUT/callN.tgz (result JSON, log tails, run records, the study's ledger and report so far).
-#   0 = the models, then in the background (setsid, card 1) the 13 M countdown policy and the study on it (issue 13),
-#       and on card 0 the update profile (issue 11);
-#   4 = unpack + the text shape on verl, 1 GPU (card 0);  5 = vLLM engine checks and benches on card 0 (text, VL);
-#   6 = the VL engine checks and a VL step with the vLLM engine on card 0, and, once the study is done, the text shape
-#       on verl with the log-prob fix on card 1 (the A/B of bapo_vl.backends.verl_loss);  7 = the VL shape on verl,
-#       2 GPUs. The issue-10 rows here run verl's own per-row log-probs (BAPO_VERL_ROW_LOOP_LOGPROBS=1), as every
-#       earlier verl row did (the entry point never loaded there), so that they complete that table.
+# What ran on 2 x H100 on 2026-11-27 (docs/bench/2026-11-27-2xH100, docs/study/countdown-13m), one call each:
+#   0 = the models; in the background (setsid, card 1) the 13 M countdown policy, then the study on it (issue 13);
+#       on card 0 the update profile (issue 11)       1 = the decode bounds, the text shape on the embedded backend
+#   2 = the VL shape on the embedded backend          3 = part 3 only
+#   4 = unpack; the text shape on verl, 1 GPU (with bapo_vl.backends.verl_loss's chunked log-probs)
+#   5 = 8 minutes in all: card 1, the same with verl's own per-row log-probs (the A/B); card 0, the VL engine
+#       checks, a VL step with the vLLM engine, the text engine checks (cut off by the 8 minutes)
+#   6 = the text engine checks again
+# Not run yet (the device time was spent): 7 = the text shape on verl, 2 GPUs, and 8 = the VL shape on verl, 1 then
+#   2 GPUs, on H100 (they ran on 2 x H200 in docs/bench/2026-11-27-2xH200, VL on 2 GPUs nowhere); 9 = the vLLM
+#   engine at 256 x 8 with max_num_seqs 512 against the default, and the VL engines' decode benches.
 # docs/bench/2026-11-27-2xH200 came from an earlier version of this plan (git log -p this file).
 R=$PWD; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -22,12 +26,15 @@ part() { cp .gpu-stack/c$1/* /tmp/parts/; }
 plain() { . scripts/gpu/env.sh; export PYTHONPATH=/tmp/shim; cd /tmp; }   # bapo_vl laid out as installed; no stack
 stack() { . scripts/gpu/env.sh; cd /tmp; }  # from /tmp: the repo's own bapo_vl folder must not shadow the shim
 save() {  # results + log tails + run records + the study so far back
-  mkdir -p /tmp/back/db /tmp/back/study; for f in $J/logs/*.log /tmp/study13.log; do [ -f $f ] && tail -c 60000 $f > /tmp/back/$(basename $f); done
+  mkdir -p /tmp/back/db /tmp/back/study; for f in $J/logs/*.log /tmp/study13.log; do [ -f $f ] && tail -c 60000 $f > /tmp/back/$(basename $f) && grep -a '^{' $f > /tmp/back/$(basename $f .log).jsonl; done  # a log's JSON lines (figures) whole
   for f in $(find /tmp/runs -name run.db); do n=$(dirname ${f#/tmp/runs/} | tr / -); python3 -c "import sqlite3,sys;s=sqlite3.connect(sys.argv[1]);d=sqlite3.connect(sys.argv[2]);s.backup(d)" $f /tmp/back/db/$n.db; done
   cp /tmp/st13/study.jsonl /tmp/policies/countdown-13m/*.json /tmp/policies/countdown-13m/TRAINING.md /tmp/back/study/ 2>/dev/null
   cp -r /tmp/out13 /tmp/back/study/ 2>/dev/null; tar czf /tmp/back/study/logs.tgz -C /tmp/st13 logs 2>/dev/null
   cp $J/*.json /tmp/back/ 2>/dev/null; tar czf $OUT/call$1.tgz -C /tmp/back .; ls -la $OUT; pgrep -fa "bapo_vl.study|train_default" | head -3; nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv; }
-T() { local name=$1; shift; echo "== $(date +%T) start $name"; "$@" > $J/logs/$name.log 2>&1; echo "== $(date +%T) end $name rc=$?"; tail -3 $J/logs/$name.log; }
+# each step under the call's deadline (END, seconds since the epoch; default: 9 minutes from the call's start)
+END=${END:-$(( $(date +%s) + 540 ))}
+T() { local name=$1 rc; shift; echo "== $(date +%T) start $name"; timeout $(( END - $(date +%s) )) "$@" > $J/logs/$name.log 2>&1; rc=$?
+      echo "== $(date +%T) end $name rc=$rc"; tail -3 $J/logs/$name.log; }
 case $1 in
 0) part 0; cp -r .gpu-data/geometry3k /tmp/g3k; plain; nvidia-smi -L; python3 -c "import torch,transformers;print(torch.__version__,transformers.__version__)"
    rm -rf /tmp/r13 /tmp/shim13 && mkdir /tmp/r13 && tar -C $R --exclude=./.gpu-stack/c0 -c . | tar -C /tmp/r13 -x && cp -r /tmp/shim /tmp/shim13
@@ -36,24 +43,35 @@ case $1 in
    T models python3 $B models /tmp/models
    T update python3 $G update --model /tmp/models/text --profile --out $J/update.json
    save 0;;
-1|2|3) part $1; ls -la /tmp/parts; save $1;;
+1) part 1; plain; export CUDA_VISIBLE_DEVICES=0
+   T bound-text python3 $B bound --shape text --model /tmp/models/text --out $J/bound-text.json
+   T bound-vl python3 $B bound --shape vl --model /tmp/models/vl --out $J/bound-vl.json
+   T text-embedded python3 $B train --shape text --backend embedded --model /tmp/models/text --steps 2 --cuda 0 --run-dir /tmp/runs --out $J/text-embedded.json
+   save 1;;
+2) part 2; plain
+   T vl-embedded python3 $B train --shape vl --backend embedded --model /tmp/models/vl --source /tmp/g3k --steps 2 --set micro_batch_size=2 --cuda 0 --run-dir /tmp/runs --out $J/vl-embedded.json
+   save 2;;
+3) part 3; ls -la /tmp/parts; save 3;;
 4) part 4; mkdir -p /tmp/site && cat /tmp/parts/stack.part.* | xz -T16 -dc | tar -x -C /tmp/site && echo unpacked; stack
-   BAPO_VERL_ROW_LOOP_LOGPROBS=1 T text-verl1 python3 $B train --shape text --backend verl --gpus 1 --cuda 0 --model /tmp/models/text --steps 2 --run-dir /tmp/runs/rowloop --timeout 520 --out $J/text-verl1.json
+   T text-verl1 python3 $B train --shape text --backend verl --gpus 1 --cuda 0 --model /tmp/models/text --steps 2 --run-dir /tmp/runs/fix --timeout 500 --out $J/text-verl1.json
    save 4;;
-5) stack; export CUDA_VISIBLE_DEVICES=0
-   T engine-checks python3 $R/scripts/gpu/engine_checks.py
+5) stack; END=$(( $(date +%s) + 480 ))
+   ( export CUDA_VISIBLE_DEVICES=1 BAPO_VERL_ROW_LOOP_LOGPROBS=1   # A/B: verl's own per-row log-probs
+     T text-verl1-rowloop python3 $B train --shape text --backend verl --gpus 1 --cuda 1 --model /tmp/models/text --steps 2 --run-dir /tmp/runs/rowloop --timeout 460 --out $J/text-verl1-rowloop.json ) &
+   ( export CUDA_VISIBLE_DEVICES=0
+     T engine-checks-vl python3 $R/scripts/gpu/engine_checks.py --preset geometry3k model=/tmp/models/vl "task_options={source: /tmp/g3k}" max_pixels=200704 micro_batch_size=2
+     T vl-embedded-vllm python3 $B train --shape vl --backend embedded --model /tmp/models/vl --source /tmp/g3k --steps 2 --cuda 0 --set micro_batch_size=2 rollout_engine=vllm --run-dir /tmp/runs --timeout 300 --out $J/vl-embedded-vllm.json
+     T engine-checks python3 $R/scripts/gpu/engine_checks.py ) &
+   wait; save 5;;
+6) stack; CUDA_VISIBLE_DEVICES=0 T engine-checks python3 $R/scripts/gpu/engine_checks.py; save 6;;
+7) stack; T text-verl2 python3 $B train --shape text --backend verl --gpus 2 --model /tmp/models/text --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/text-verl2.json; save 7;;
+8) stack; T vl-verl1 python3 $B train --shape vl --backend verl --gpus 1 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl1.json; save 8
+   END=$(( $(date +%s) + 540 )) T vl-verl2 python3 $B train --shape vl --backend verl --gpus 2 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl2.json; save 8;;
+9) stack; export CUDA_VISIBLE_DEVICES=0
+   T engine-text-vllm256 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --out $J/engine-text-vllm256.json
    T engine-text-vllm512 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
    T engine-vl-tf python3 $G engine --engine transformers --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-transformers.json
    T engine-vl-vllm python3 $G engine --engine vllm --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-vllm.json
-   save 5;;
-6) stack
-   if ! pgrep -f bapo_vl.study > /dev/null; then
-     ( T text-verl1-fix python3 $B train --shape text --backend verl --gpus 1 --cuda 1 --model /tmp/models/text --steps 2 --run-dir /tmp/runs/fix --timeout 520 --out $J/text-verl1-fix.json ) &
-   fi
-   ( export CUDA_VISIBLE_DEVICES=0
-     T engine-checks-vl python3 $R/scripts/gpu/engine_checks.py --preset geometry3k model=/tmp/models/vl "task_options={source: /tmp/g3k}" max_pixels=200704 micro_batch_size=2
-     T vl-embedded-vllm python3 $B train --shape vl --backend embedded --model /tmp/models/vl --source /tmp/g3k --steps 2 --cuda 0 --set micro_batch_size=2 rollout_engine=vllm --run-dir /tmp/runs --out $J/vl-embedded-vllm.json ) &
-   wait; save 6;;
-7) stack; BAPO_VERL_ROW_LOOP_LOGPROBS=1 T vl-verl2 python3 $B train --shape vl --backend verl --gpus 2 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs/rowloop --timeout 540 --out $J/vl-verl2.json; save 7;;
+   save 9;;
 s) save s;;  # the study so far, nothing else
 esac
