@@ -181,4 +181,7 @@ class VllmEngine:
         self.llm.sleep(level=1)
 
     def wake(self):
+        # hand the update's freed blocks back from torch's cache before vLLM maps its memory again: the 2 B VL
+        # shape's wake ran out of memory on an 80 GB card while torch still held them (not yet rerun with this)
+        torch.cuda.empty_cache()
         self.llm.wake_up()
