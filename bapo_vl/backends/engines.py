@@ -7,8 +7,10 @@ tokens that were sampled, whichever engine sampled them.
 
     transformers  `model.generate` with a dynamic cache on the backend's own alpha / pi_theta models; always there.
     vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA). Text models: checked on an H200 by
-                  scripts/gpu/engine_checks.py (docs/results.md), 9.5x `model.generate`'s tokens/s at 64 x 8 x 512.
-                  Qwen2.5-VL: written, NOT RUN on a GPU yet (engine_checks.py --preset geometry3k).
+                  scripts/gpu/engine_checks.py on an H200 and an H100 (docs/results.md), 9.5x `model.generate`'s
+                  tokens/s at 64 x 8 x 512. Qwen2.5-VL: `bapo train` ran on an H100 (generation 1.55x), but
+                  engine_checks.py --preset geometry3k FAILED its behaviour check (0.054 > 0.05) and ran out of
+                  memory before the others, so `auto` does not pick it for VL.
     auto          vllm when it is installed, the device is cuda and the model is a text model; else transformers.
 """
 from __future__ import annotations
@@ -111,7 +113,7 @@ class VllmEngine:
     - X2 (policy="current"): pi_theta's weights are pushed, the responses sampled, then alpha's weights (the backend's
       own alpha copy, which also scores the behaviour log-probs) are pushed back.
     - update: the engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the trainer gets the memory.
-    - VL (NOT RUN on a GPU yet): vLLM gets the chat text and the PIL images `encode` kept (`raw`) and processes them
+    - VL (ran on an H100; its behaviour check is 0.054 per token against 0.05): vLLM gets the chat text and the PIL images `encode` kept (`raw`) and processes them
       itself with the trainer's min/max pixels, so it sees the image grid the trainer scores with; it then needs the
       tokenizer (text models skip it)."""
 
