@@ -10,7 +10,8 @@ images), are compared with the trainer's teacher-forced log-probs of the same to
 policy alpha (`backend.rollout`) and under pi_theta (`backend.policy`):
 
   behaviour  the stored behaviour log-probs (what `generate` returns) equal the engine's log-probs of the sampled
-             tokens within TOLERANCE (bf16 engine vs the trainer's bf16 autocast forward of the same weights)
+             tokens within TOLERANCE (bf16 engine vs the trainer's bf16 autocast forward of the same weights); for
+             scale it also prints how far the trainer's own fp32 forward is from each (what bf16 alone moves)
   stale      after an update without a sync the engine still matches alpha, not pi_theta
   x2         a re-evaluation (policy="current") samples from pi_theta: its greedy answers are pi_theta's, not alpha's;
              afterwards the engine matches alpha again
@@ -126,10 +127,19 @@ def main(argv: list[str]) -> int:
     else:
         flat_prompts = [p for p in prompts for _ in range(4)]
         flat = [r for g in groups for r in g]
+        tokens = [list(r.tokens) for r in flat]
         stored = [list(r.logprobs) for r in flat]
-        eng = engine_logprobs(engine, flat_prompts, [r.tokens for r in flat])
+        eng = engine_logprobs(engine, flat_prompts, tokens)
     d = distance(eng, stored)
-    check("behaviour", d < TOLERANCE, mean_abs_diff=d, tolerance=TOLERANCE, tokens=sum(map(len, eng)))
+    # for scale, what bf16 alone moves on the trainer's side: its fp32 forward of the same weights (pi_theta = alpha
+    # before any update; alpha's bf16 copy is what generate() scores with)
+    autocast, backend.autocast_dtype = backend.autocast_dtype, None
+    try:
+        fp32 = backend.score(backend.policy, flat_prompts, tokens)
+    finally:
+        backend.autocast_dtype = autocast
+    check("behaviour", d < TOLERANCE, mean_abs_diff=d, tolerance=TOLERANCE, tokens=sum(map(len, eng)),
+          trainer_bf16_vs_fp32=distance(stored, fp32), engine_vs_trainer_fp32=distance(eng, fp32))
     probe = [g[0].tokens for g in groups]
 
     # move pi_theta away from alpha: a few large-lr updates on the sampled groups, no sync
