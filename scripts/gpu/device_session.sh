@@ -28,7 +28,8 @@ stack() { . scripts/gpu/env.sh; cd /tmp; }  # from /tmp: the repo's own bapo_vl 
 save() {  # results + log tails + run records + the study so far back
   mkdir -p /tmp/back/db /tmp/back/study; for f in $J/logs/*.log /tmp/study13.log; do [ -f $f ] && tail -c 60000 $f > /tmp/back/$(basename $f) && grep -a '^{' $f > /tmp/back/$(basename $f .log).jsonl; done  # a log's JSON lines (figures) whole
   for f in $(find /tmp/runs -name run.db); do n=$(dirname ${f#/tmp/runs/} | tr / -); python3 -c "import sqlite3,sys;s=sqlite3.connect(sys.argv[1]);d=sqlite3.connect(sys.argv[2]);s.backup(d)" $f /tmp/back/db/$n.db; done
-  cp /tmp/st13/study.jsonl /tmp/policies/countdown-13m/*.json /tmp/policies/countdown-13m/TRAINING.md /tmp/back/study/ 2>/dev/null
+  cp /tmp/policies/countdown-13m/*.json /tmp/policies/countdown-13m/TRAINING.md /tmp/back/study/ 2>/dev/null
+  for d in /tmp/st13*; do [ -f $d/study.jsonl ] && cp $d/study.jsonl /tmp/back/study/$(basename $d).jsonl; done
   cp -r /tmp/out13 /tmp/back/study/ 2>/dev/null; tar czf /tmp/back/study/logs.tgz -C /tmp/st13 logs 2>/dev/null
   cp $J/*.json /tmp/back/ 2>/dev/null; tar czf $OUT/call$1.tgz -C /tmp/back .; ls -la $OUT; pgrep -fa "bapo_vl.study|train_default" | head -3; nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv; }
 # each step under the call's deadline (END, seconds since the epoch; default: 9 minutes from the call's start)

@@ -6,7 +6,8 @@
 #   bash scripts/gpu/study_session.sh 13m-policy   # train the 13 M policy (seeded SFT, ~4 min on an H200)
 #   bash scripts/gpu/study_session.sh 13m      # then the same grid on it (again until it prints the table)
 #   bash scripts/gpu/study_session.sh 13m-all REPO   # both, for a background (setsid) process: the caller's
-#        environment (PYTHONPATH, CUDA_VISIBLE_DEVICES) as it is, a copy of the repo in REPO, results in /tmp/out13
+#        environment (PYTHONPATH, CUDA_VISIBLE_DEVICES) as it is, a copy of the repo in REPO, results in /tmp/out13;
+#        the policy is trained only if /tmp/policies/countdown-13m has none; LR=X runs the grid at lr X instead
 # The ledger (study.jsonl) and the reports go to $OUT every 15 s and at the end, finished or not: the same command on
 # the same warm machine continues a study, and a ledger copied back makes the report and plots here without training.
 if [ "$1" = 13m-all ]; then R=$2; OUT=/tmp/out13; mkdir -p $OUT; else . scripts/gpu/env.sh; export PYTHONPATH=/tmp/shim; R=$PWD; fi
@@ -21,11 +22,14 @@ tiny) RUNS=/tmp/st; S="--budget 15360 --checkpoints 2 $HELD --runs $RUNS device=
 13m-policy) timeout 540 python3 $R/scripts/train_default_policy.py --size countdown-13m --out /tmp/policies/countdown-13m \
           --exclude-file $R/.carry/tinyzero_test_1024_base.jsonl --eval-data $R/.carry/tinyzero_test_1024_base.jsonl \
           --eval-every 1000 2>&1 | tail -30; cp /tmp/policies/countdown-13m/*.json $OUT/ 2>/dev/null; exit;;
-13m-all) python3 $R/scripts/train_default_policy.py --size countdown-13m --out /tmp/policies/countdown-13m \
-          --exclude-file $R/.carry/tinyzero_test_1024_base.jsonl --eval-data $R/.carry/tinyzero_test_1024_base.jsonl \
-          --eval-every 1000 || exit 1
-      python3 -m bapo_vl.study --seeds 0,1,2 --jobs 21 --budget 15360 --checkpoints 2 $HELD --runs /tmp/st13 \
-          model=/tmp/policies/countdown-13m device=cuda --out $OUT/countdown-13m; echo "study rc=$?"; exit;;
+13m-all) [ -f /tmp/policies/countdown-13m/model.safetensors ] || python3 $R/scripts/train_default_policy.py \
+          --size countdown-13m --out /tmp/policies/countdown-13m --exclude-file $R/.carry/tinyzero_test_1024_base.jsonl \
+          --eval-data $R/.carry/tinyzero_test_1024_base.jsonl --eval-every 1000 || exit 1
+      # LR=2e-5 (say): the same grid at another learning rate, in its own ledger (at the tiny preset's 2e-4 every
+      # method lowered this policy's accuracy: docs/study/README.md)
+      python3 -m bapo_vl.study --seeds 0,1,2 --jobs 21 --budget 15360 --checkpoints 2 $HELD --runs /tmp/st13${LR:+-lr$LR} \
+          model=/tmp/policies/countdown-13m device=cuda ${LR:+lr=$LR} --out $OUT/countdown-13m${LR:+-lr$LR}
+      echo "study rc=$?"; exit;;
 13m)  RUNS=/tmp/st13
       S="--budget 15360 --checkpoints 2 $HELD --runs $RUNS model=/tmp/policies/countdown-13m device=cuda"
       STUDY="python3 $R/scripts/study.py --seeds 0,1,2 --jobs 14 $S --out $OUT/countdown-13m";;
