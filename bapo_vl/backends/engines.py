@@ -113,9 +113,9 @@ class VllmEngine:
     - X2 (policy="current"): pi_theta's weights are pushed, the responses sampled, then alpha's weights (the backend's
       own alpha copy, which also scores the behaviour log-probs) are pushed back.
     - update: the engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the trainer gets the memory.
-    - VL (ran on an H100; its behaviour check is 0.054 per token against 0.05): vLLM gets the chat text and the PIL images `encode` kept (`raw`) and processes them
-      itself with the trainer's min/max pixels, so it sees the image grid the trainer scores with; it then needs the
-      tokenizer (text models skip it)."""
+    - VL (ran on an H100; its behaviour check: 0.054 per token against 0.05): vLLM gets the chat text and the PIL
+      images `encode` kept (`raw`) and processes them itself with the trainer's min/max pixels, so it sees the image
+      grid the trainer scores with; it then needs the tokenizer (text models skip it)."""
 
     name = "vllm"
 
