@@ -15,9 +15,14 @@
 #   5 = 8 minutes in all: card 1, the same with verl's own per-row log-probs (the A/B); card 0, the VL engine
 #       checks, a VL step with the vLLM engine, the text engine checks (cut off by the 8 minutes)
 #   6 = the text engine checks again
-# Not run yet (the device time was spent): 7 = the text shape on verl, 2 GPUs, and 8 = the VL shape on verl, 1 then
-#   2 GPUs, on H100 (they ran on 2 x H200 in docs/bench/2026-11-27-2xH200, VL on 2 GPUs nowhere); 9 = the vLLM
-#   engine at 256 x 8 with max_num_seqs 512 against the default, and the VL engines' decode benches.
+# Not run yet (the device time was spent) — the rest of issue 10's matrix on one machine, then issue 11's VL checks:
+#   e = the embedded rows side by side (text on card 0, VL on card 1); 7 = the text and VL shapes on verl, 1 GPU
+#   each, side by side (two Ray clusters: two ray.init() in two processes make two, checked on CPU with Ray 2.60);
+#   8 = the text shape on verl, 2 GPUs; 9 = the VL shape on verl, 2 GPUs (never run anywhere); 10 = the VL engine
+#   checks again (the engine now empties torch's cache before wake_up) and the engine decode benches: vLLM at 256 x 8
+#   with max_num_seqs 512 against the default, and the two VL engines. A full matrix on one machine: the models (of
+#   0) and bounds (of 1), e, parts 1-4 and the unpack (of 4), then 7, 8, 9: about 27 minutes of a 2-GPU machine by
+#   this session's timings (whether the VL shape on verl fits an 80 GB card is not known: it ran on an H200).
 # docs/bench/2026-11-27-2xH200 came from an earlier version of this plan (git log -p this file).
 R=$PWD; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -65,14 +70,24 @@ case $1 in
      T engine-checks python3 $R/scripts/gpu/engine_checks.py ) &
    wait; save 5;;
 6) stack; CUDA_VISIBLE_DEVICES=0 T engine-checks python3 $R/scripts/gpu/engine_checks.py; save 6;;
-7) stack; T text-verl2 python3 $B train --shape text --backend verl --gpus 2 --model /tmp/models/text --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/text-verl2.json; save 7;;
-8) stack; T vl-verl1 python3 $B train --shape vl --backend verl --gpus 1 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl1.json; save 8
-   END=$(( $(date +%s) + 540 )) T vl-verl2 python3 $B train --shape vl --backend verl --gpus 2 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl2.json; save 8;;
-9) stack; export CUDA_VISIBLE_DEVICES=0
-   T engine-text-vllm256 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --out $J/engine-text-vllm256.json
-   T engine-text-vllm512 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
-   T engine-vl-tf python3 $G engine --engine transformers --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-transformers.json
-   T engine-vl-vllm python3 $G engine --engine vllm --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-vllm.json
-   save 9;;
+e) plain
+   ( T text-embedded python3 $B train --shape text --backend embedded --model /tmp/models/text --steps 2 --cuda 0 --run-dir /tmp/runs --out $J/text-embedded.json ) &
+   ( T vl-embedded python3 $B train --shape vl --backend embedded --model /tmp/models/vl --source /tmp/g3k --steps 2 --set micro_batch_size=2 --cuda 1 --run-dir /tmp/runs --out $J/vl-embedded.json ) &
+   wait; save e;;
+7) stack
+   ( T text-verl1 python3 $B train --shape text --backend verl --gpus 1 --cuda 0 --model /tmp/models/text --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/text-verl1.json ) &
+   ( T vl-verl1 python3 $B train --shape vl --backend verl --gpus 1 --cuda 1 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/vl-verl1.json ) &
+   wait; save 7;;
+8) stack; T text-verl2 python3 $B train --shape text --backend verl --gpus 2 --model /tmp/models/text --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/text-verl2.json; save 8;;
+9) stack; T vl-verl2 python3 $B train --shape vl --backend verl --gpus 2 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl2.json; save 9;;
+10) stack
+   ( export CUDA_VISIBLE_DEVICES=0
+     T engine-checks-vl python3 $R/scripts/gpu/engine_checks.py --preset geometry3k model=/tmp/models/vl "task_options={source: /tmp/g3k}" max_pixels=200704 micro_batch_size=2
+     T engine-vl-tf python3 $G engine --engine transformers --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-transformers.json ) &
+   ( export CUDA_VISIBLE_DEVICES=1
+     T engine-text-vllm256 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --out $J/engine-text-vllm256.json
+     T engine-text-vllm512 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
+     T engine-vl-vllm python3 $G engine --engine vllm --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-vllm.json ) &
+   wait; save 10;;
 s) save s;;  # the study so far, nothing else
 esac
