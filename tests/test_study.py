@@ -1,6 +1,7 @@
 """The study of issue 13 on CPU: the hard-set metric against a hand-computed case, the max_rollouts stop (and its
 resume, which the study's checkpoints rely on), and a tiny grid (2 algorithms x 2 seeds, the bundled policy) that
 must write its table and plots with every run stopped at the same rollout budget. Nothing is mocked."""
+import dataclasses
 import json
 import sqlite3
 from pathlib import Path
@@ -10,8 +11,8 @@ import torch
 
 from bapo_vl.cli import main as bapo
 from bapo_vl.config import Config, load_config
-from bapo_vl.study import (KNOBS, StudyOptions, bin_changes, coarse, hard_set, main, migration, targets, unlocked,
-                            within_noise)
+from bapo_vl.study import (KNOBS, StudyOptions, bin_changes, child_argv, coarse, hard_set, main, migration,
+                            parse_args, targets, unlocked, within_noise)
 
 SMALL = ["batch_size=4", "group_size=4", "task_options={template: compact, limit: 64}"]  # 64 training prompts
 
@@ -259,3 +260,21 @@ def test_a_ledger_from_before_a_new_config_field_still_opens(tmp_path):
     path.write_text(json.dumps(other) + "\n")
     with pytest.raises(ValueError, match="made with other settings"):
         Ledger(path, settings)
+
+
+def test_a_jobs_child_gets_every_setting_of_the_study():
+    # Could fail if a StudyOptions field were added to the command line but not passed on by child_argv: the
+    # children of --jobs would then train or evaluate with its default, and their rows would not match the parent's.
+    opts = StudyOptions(algos=["grpo", "bapo"], seeds=[3, 4], budget=77, checkpoints=3, k=5, split="val",
+                        source="held.jsonl", limit=9, preset="tiny", overrides=["device=cpu", "lr=1e-5"],
+                        runs="somewhere", out="elsewhere", eval_seed=7, eval_batch_size=11, baseline="bapo",
+                        keep_checkpoints=True, jobs=2)
+    argv = child_argv(opts, "bapo", 4)
+    assert argv[1:3] == ["-m", "bapo_vl.study"]
+    child = parse_args(argv[3:])
+    own = {"algos": ["bapo"], "seeds": [4], "jobs": 1, "report": False}  # what a child does differently
+    unused = {"out", "baseline", "command", "knobs"}  # only the report reads them (children write none)
+    for f in dataclasses.fields(StudyOptions):
+        if f.name in unused:
+            continue
+        assert getattr(child, f.name) == own.get(f.name, getattr(opts, f.name)), f.name
