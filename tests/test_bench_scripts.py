@@ -43,8 +43,8 @@ def test_reports_of_the_committed_two_h200_results():
     files = sorted(BENCH.glob("*.json"))
     steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *files)
     assert "| embedded (vllm engine) | NVIDIA H200 | rollout_engine=vllm | 11.82 |" in steps
-    assert "2.85x" in steps and "| verl, 2 GPU | NVIDIA H200 | - | 22.90 |" in steps
-    assert "| verl, 1 GPU | NVIDIA H200 | - | 56.97 |" in steps and "0.88x" in steps
+    assert "2.85x" in steps and "| verl, 2 GPU, vLLM eager | NVIDIA H200 | - | 22.90 |" in steps
+    assert "| verl, 1 GPU, vLLM eager | NVIDIA H200 | - | 56.97 |" in steps and "0.88x" in steps
     engines = run(ROOT / "scripts" / "bench_gpu.py", "report", *files)
     assert "| vllm | NVIDIA H200 | - | 64 x 8 | 26,556 | 7.56 | 201 / 512 | 9.49x | 3.3% |" in engines
     assert "MFU 13.5%" in engines
@@ -55,8 +55,8 @@ def test_reports_of_the_committed_two_h100_results():
     # the update's profile (what bounds its MFU) were dropped from the report.
     files = sorted((ROOT / "docs" / "bench" / "2026-11-27-2xH100").glob("*.json"))
     steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *files)
-    assert "| verl, 1 GPU | NVIDIA H100 80GB HBM3 | - | 31.96 |" in steps and "1.15x" in steps
-    assert "| verl, 1 GPU | NVIDIA H100 80GB HBM3 | env BAPO_VERL_ROW_LOOP_LOGPROBS=1 | 63.52 |" in steps
+    assert "| verl, 1 GPU, vLLM eager | NVIDIA H100 80GB HBM3 | - | 31.96 |" in steps and "1.15x" in steps
+    assert "| verl, 1 GPU, vLLM eager | NVIDIA H100 80GB HBM3 | env BAPO_VERL_ROW_LOOP_LOGPROBS=1 | 63.52 |" in steps
     assert "| embedded (vllm engine) | NVIDIA H100 80GB HBM3 | micro_batch_size=2 rollout_engine=vllm | 43.88 |" in steps
     update = run(ROOT / "scripts" / "bench_gpu.py", "report", *files)
     assert "MFU 13.1%" in update and "aten::mm" in update and "Self CUDA time total: 177.449ms" in update

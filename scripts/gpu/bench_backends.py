@@ -40,16 +40,21 @@ MAX_PIXELS = 448 * 448
 
 COMMON = dict(online_filter="none", reeval_every=100000, kl_coef=0.0, entropy_coef=0.0, lr=1e-6, device="cuda",
               save_every=0, log_samples=2)
+# The verl presets the shapes start from are functional runs with vLLM in eager mode (no compile, no CUDA graphs:
+# short calls); a benchmark runs vLLM as users do, as the embedded backend's vLLM engine does. Every verl row before
+# 2026-11-27's 2 x H100 session ran eager (the report says so for results that do not name the mode).
+VLLM_AS_USERS_RUN_IT = {"actor_rollout_ref.rollout.enforce_eager": False}
+
 SHAPES = {
     "text": dict(preset="tiny", verl_preset="verl_tiny.yaml", prompt_tokens=64,
                  bapo=dict(COMMON, batch_size=64, group_size=8, max_prompt_length=64, max_response_length=512,
                            mini_batch_size=64, micro_batch_size=16),
-                 verl={"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16}),
+                 verl={"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 16, **VLLM_AS_USERS_RUN_IT}),
     "vl": dict(preset="geometry3k", verl_preset="verl_tiny_vl.yaml", prompt_tokens=400,
                bapo=dict(COMMON, batch_size=16, group_size=8, max_prompt_length=1024, max_response_length=256,
                          mini_batch_size=16, micro_batch_size=8, max_pixels=MAX_PIXELS),
                verl={"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
-                     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.35}),
+                     "actor_rollout_ref.rollout.gpu_memory_utilization": 0.35, **VLLM_AS_USERS_RUN_IT}),
 }
 
 
@@ -146,7 +151,10 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
         rc = proc.returncode
     except subprocess.TimeoutExpired:
         rc = "timeout"
+    mode = {} if backend != "verl" else {
+        "vllm_mode": "eager" if str(verl["actor_rollout_ref.rollout.enforce_eager"]).lower() == "true" else "cuda graphs"}
     result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), rc=rc, wall_s=time.time() - t0,
+                  **mode,
                   steps=steps, overrides=extra + [f"env {k}={v}" for k, v in sorted(os.environ.items())
                                                   if k.startswith("BAPO_")],
                   **steps_summary(run_dir / name / "run.db"))
@@ -212,7 +220,7 @@ def report(files: list[Path]):
         for r in rows:
             engine = next((o.split("=", 1)[1] for o in r.get("overrides") or [] if o.startswith("rollout_engine=")), None)
             label = (f"embedded ({engine} engine)" if engine else "embedded") if r["backend"] == "embedded" \
-                else f"verl, {r['gpus']} GPU"
+                else f"verl, {r['gpus']} GPU, vLLM {r.get('vllm_mode', 'eager')}"
             changed = " ".join(r.get("overrides") or []) or "-"
             if "step_s" not in r:
                 print(f"| {label} | {card_model(r)} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | |")
