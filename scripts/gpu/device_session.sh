@@ -74,12 +74,12 @@ e) plain
    ( T text-embedded python3 $B train --shape text --backend embedded --model /tmp/models/text --steps 2 --cuda 0 --run-dir /tmp/runs --out $J/text-embedded.json ) &
    ( T vl-embedded python3 $B train --shape vl --backend embedded --model /tmp/models/vl --source /tmp/g3k --steps 2 --set micro_batch_size=2 --cuda 1 --run-dir /tmp/runs --out $J/vl-embedded.json ) &
    wait; save e;;
-7) stack
+7) stack; END=$(( $(date +%s) + 585 ))  # verl's vLLM now compiles and captures CUDA graphs first: ~1 min more
    ( T text-verl1 python3 $B train --shape text --backend verl --gpus 1 --cuda 0 --model /tmp/models/text --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/text-verl1.json ) &
-   ( T vl-verl1 python3 $B train --shape vl --backend verl --gpus 1 --cuda 1 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/vl-verl1.json ) &
+   ( T vl-verl1 python3 $B train --shape vl --backend verl --gpus 1 --cuda 1 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 575 --out $J/vl-verl1.json ) &
    wait; save 7;;
 8) stack; T text-verl2 python3 $B train --shape text --backend verl --gpus 2 --model /tmp/models/text --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/text-verl2.json; save 8;;
-9) stack; T vl-verl2 python3 $B train --shape vl --backend verl --gpus 2 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 540 --out $J/vl-verl2.json; save 9;;
+9) stack; END=$(( $(date +%s) + 585 )) T vl-verl2 python3 $B train --shape vl --backend verl --gpus 2 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 575 --out $J/vl-verl2.json; save 9;;
 10) stack
    ( export CUDA_VISIBLE_DEVICES=0
      T engine-checks-vl python3 $R/scripts/gpu/engine_checks.py --preset geometry3k model=/tmp/models/vl "task_options={source: /tmp/g3k}" max_pixels=200704 micro_batch_size=2
