@@ -97,13 +97,18 @@ def migration(start: dict[str, int], end: dict[str, int], k: int) -> list[list[i
     return bin_migration(np.array([start[u] for u in uids]), np.array([end[u] for u in uids]), k)
 
 
+COARSE_BINS = ["0/k", "<1/2", ">=1/2", "k/k"]  # never, under half, half or more, always
+
+
+def coarse_edges(k: int) -> list[tuple[int, int]]:
+    """The correct-count ranges [lo, hi) of COARSE_BINS for k samples."""
+    return [(0, 1), (1, math.ceil(k / 2)), (math.ceil(k / 2), k), (k, k + 1)]
+
+
 def coarse(m: list[list[int]]) -> tuple[list[str], list[list[int]]]:
-    """A (k+1)x(k+1) migration matrix summed into 4 bins: never (0/k), under half, half or more, always (k/k)."""
-    k = len(m) - 1
-    edges = [(0, 1), (1, math.ceil(k / 2)), (math.ceil(k / 2), k), (k, k + 1)]
-    a = np.array(m)
-    return (["0/k", "<1/2", ">=1/2", "k/k"],
-            [[int(a[r0:r1, c0:c1].sum()) for c0, c1 in edges] for r0, r1 in edges])
+    """A (k+1)x(k+1) migration matrix summed into the 4 COARSE_BINS."""
+    edges, a = coarse_edges(len(m) - 1), np.array(m)
+    return COARSE_BINS, [[int(a[r0:r1, c0:c1].sum()) for c0, c1 in edges] for r0, r1 in edges]
 
 
 def bin_changes(m: list[list[int]]) -> list[float | None]:
@@ -111,7 +116,7 @@ def bin_changes(m: list[list[int]]) -> list[float | None]:
     half or more, k/k) of a (k+1)x(k+1) migration matrix; None for an empty bin. Where a method gains and loses."""
     k = len(m) - 1
     a = np.array(m, dtype=float)
-    edges = [(0, 1), (1, math.ceil(k / 2)), (math.ceil(k / 2), k), (k, k + 1)]
+    edges = coarse_edges(k)
     delta = np.arange(k + 1)[None, :] - np.arange(k + 1)[:, None]  # end count - start count
     return [float((a[r0:r1] * delta[r0:r1]).sum() / (k * a[r0:r1].sum())) if a[r0:r1].sum() else None
             for r0, r1 in edges]
@@ -544,8 +549,8 @@ def budget_check(result, opts) -> list[str]:
 def bin_table(result, opts) -> list[str]:
     """Mean accuracy change by start bin, per entry (mean ± sd over seeds), with the start policy resampled as the
     floor: prompts at 0/k can only rise and at k/k only fall by resampling alone."""
-    labels = ["0/k", "<1/2", ">=1/2", "k/k"]
-    sizes = [int(sum(row)) for row in coarse(result["start"]["migration"])[1]]
+    labels, start_bins = coarse(result["start"]["migration"])
+    sizes = [int(sum(row)) for row in start_bins]
     out = ["", f"## Where accuracy moved: mean change of correct/{opts.k} by the start policy's bin (end - start)", "",
            "| | " + " | ".join(f"{b} ({n} prompts)" for b, n in zip(labels, sizes)) + " |", "| --- " * 5 + "|"]
 

@@ -6,9 +6,9 @@ code (EmbeddedBackend.score): so what is stored is exactly the log-prob, under a
 tokens that were sampled, whichever engine sampled them.
 
     transformers  `model.generate` with a dynamic cache on the backend's own alpha / pi_theta models; always there.
-    vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA). Text models: checked on an H200 by
+    vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA). Text models: checked by
                   scripts/gpu/engine_checks.py on an H200 and an H100 (docs/results.md), 9.5x `model.generate`'s
-                  tokens/s at 64 x 8 x 512. Qwen2.5-VL: `bapo train` ran on an H100 (generation 1.55x), but
+                  tokens/s at 64 x 8 x 512 on the H200. Qwen2.5-VL: `bapo train` ran on an H100 (generation 1.55x), but
                   engine_checks.py --preset geometry3k FAILED its behaviour check (0.054 > 0.05) and ran out of
                   memory before the others, so `auto` does not pick it for VL.
     auto          vllm when it is installed, the device is cuda and the model is a text model; else transformers.
@@ -106,7 +106,7 @@ FIXED_BY_CONFIG = {"model", "dtype", "seed", "enable_sleep_mode", "max_model_len
 class VllmEngine:
     """A colocated vLLM engine holding alpha, as TRL's colocate mode does (vLLM 0.24). Its protocol is checked on a
     GPU by scripts/gpu/engine_checks.py (behaviour log-probs, stale alpha, X2 and restore, sleep/wake, sync: all
-    passed on an H200); on CPU only its selection and the missing-package error are tested.
+    passed for a text model on an H200 and an H100); on CPU only its selection and the missing-package error are tested.
 
     - sync (every v steps): alpha's new weights are loaded in place through `collective_rpc` into the worker's model
       (`load_weights`), which needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine runs in this process).
