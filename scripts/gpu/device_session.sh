@@ -20,9 +20,10 @@
 #   each, side by side (two Ray clusters: two ray.init() in two processes make two, checked on CPU with Ray 2.60);
 #   8 = the text shape on verl, 2 GPUs; 9 = the VL shape on verl, 2 GPUs (never run anywhere); 10 = the VL engine
 #   checks again (the engine now empties torch's cache before wake_up) and the engine decode benches: vLLM at 256 x 8
-#   with max_num_seqs 512 against the default, and the two VL engines. A full matrix on one machine: the models (of
-#   0) and bounds (of 1), e, parts 1-4 and the unpack (of 4), then 7, 8, 9: about 27 minutes of a 2-GPU machine by
-#   this session's timings (whether the VL shape on verl fits an 80 GB card is not known: it ran on an H200).
+#   with max_num_seqs 512 and with CUDA graphs up to 1,024 rows against the default, and the two VL engines.
+#   A full matrix on one machine: the models (of 0) and bounds (of 1), e, parts 1-4 and the unpack (of 4), then 7,
+#   8, 9: about 27 minutes of a 2-GPU machine by this session's timings (whether the VL shape on verl fits an 80 GB
+#   card is not known: it ran on an H200).
 # docs/bench/2026-11-27-2xH200 came from an earlier version of this plan (git log -p this file).
 R=$PWD; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -87,6 +88,7 @@ e) plain
    ( export CUDA_VISIBLE_DEVICES=1
      T engine-text-vllm256 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --out $J/engine-text-vllm256.json
      T engine-text-vllm512 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
+     T engine-text-vllm-graphs1024 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={compilation_config: {max_cudagraph_capture_size: 1024}}" --out $J/engine-text-vllm-graphs1024.json
      T engine-vl-vllm python3 $G engine --engine vllm --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-vllm.json ) &
    wait; save 10;;
 s) save s;;  # the study so far, nothing else
