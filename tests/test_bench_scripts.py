@@ -33,9 +33,16 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
         "--set", "device=cpu", cwd=tmp_path)
     u = json.loads(update.read_text())
     assert u["tokens"] == 16 * 1024 and u["seconds"] > 0 and u["mfu"] is None  # no peak FLOP/s for a CPU
-    table = run(ROOT / "scripts" / "bench_gpu.py", "report", engine, update)
+    # the same work in chunks of 16 rows: compared with the chunks of 8 (the chunk size changes how, not what)
+    wide = tmp_path / "wide.json"
+    run(ROOT / "scripts" / "bench_gpu.py", "engine", "--engine", "transformers", "--shape", "text", "--model", POLICY,
+        "--prompts", "4", "--no-probe-cb", "--out", wide, *settings[:-1], "generate_batch_size=16", cwd=tmp_path)
+    table = run(ROOT / "scripts" / "bench_gpu.py", "report", engine, wide, update)
     assert "| transformers | cpu | device=cpu max_response_length=8 generate_batch_size=8 | 2 x 8 |" in table
-    assert table.count("1.00x") == 2 and "16 x 1,024 tokens" in table
+    lines = table.splitlines()
+    assert all("| 1.00x |" in x for x in lines if "generate_batch_size=8 |" in x) and "16 x 1,024 tokens" in table
+    ratio = json.loads(wide.read_text())["rows"][0]["tokens_per_s"] / rows[1]["tokens_per_s"]
+    assert [x for x in lines if "generate_batch_size=16 | 4 x 8 |" in x][0].count(f"| {ratio:.2f}x |") == 1
 
 
 def test_reports_of_the_committed_two_h200_results():

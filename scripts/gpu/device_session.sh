@@ -20,7 +20,8 @@
 #   each, side by side (two Ray clusters: two ray.init() in two processes make two, checked on CPU with Ray 2.60);
 #   8 = the text shape on verl, 2 GPUs; 9 = the VL shape on verl, 2 GPUs (never run anywhere); 10 = the VL engine
 #   checks again (the engine now empties torch's cache before wake_up) and the engine decode benches: vLLM at 256 x 8
-#   with max_num_seqs 512 and with CUDA graphs up to 1,024 rows against the default, and the two VL engines.
+#   with max_num_seqs 512 and with CUDA graphs up to 1,024 rows against the default, the two VL engines, and
+#   model.generate at 64 x 8 in one chunk of 512 rows against the default two of 256 (is its decode host-bound?).
 #   A full matrix on one machine: the models (of 0) and bounds (of 1), e, parts 1-4 and the unpack (of 4), then 7,
 #   8, 9: about 27 minutes of a 2-GPU machine by this session's timings (whether the VL shape on verl fits an 80 GB
 #   card is not known: it ran on an H200).
@@ -84,7 +85,9 @@ e) plain
 10) stack
    ( export CUDA_VISIBLE_DEVICES=0
      T engine-checks-vl python3 $R/scripts/gpu/engine_checks.py --preset geometry3k model=/tmp/models/vl "task_options={source: /tmp/g3k}" max_pixels=200704 micro_batch_size=2
-     T engine-vl-tf python3 $G engine --engine transformers --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-transformers.json ) &
+     T engine-vl-tf python3 $G engine --engine transformers --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-transformers.json
+     T engine-text-tf python3 $G engine --engine transformers --shape text --model /tmp/models/text --prompts 64 --no-probe-cb --out $J/engine-text-transformers.json
+     T engine-text-tf512 python3 $G engine --engine transformers --shape text --model /tmp/models/text --prompts 64 --no-probe-cb --set generate_batch_size=512 --out $J/engine-text-transformers512.json ) &
    ( export CUDA_VISIBLE_DEVICES=1
      T engine-text-vllm256 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --out $J/engine-text-vllm256.json
      T engine-text-vllm512 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
