@@ -33,7 +33,7 @@ part() { cp .gpu-stack/c$1/* /tmp/parts/; }
 plain() { . scripts/gpu/env.sh; export PYTHONPATH=/tmp/shim; cd /tmp; }   # bapo_vl laid out as installed; no stack
 stack() { . scripts/gpu/env.sh; cd /tmp; }  # from /tmp: the repo's own bapo_vl folder must not shadow the shim
 save() {  # results + log tails + run records + the study so far back
-  mkdir -p /tmp/back/db /tmp/back/study; for f in $J/logs/*.log /tmp/study13.log; do [ -f $f ] && tail -c 60000 $f > /tmp/back/$(basename $f) && grep -a '^{' $f > /tmp/back/$(basename $f .log).jsonl; done  # a log's JSON lines (figures) whole
+  mkdir -p /tmp/back/db /tmp/back/study; for f in $J/logs/*.log /tmp/study13.log /tmp/q?.log; do [ -f $f ] && tail -c 60000 $f > /tmp/back/$(basename $f) && grep -a '^{' $f > /tmp/back/$(basename $f .log).jsonl; done  # a log's JSON lines (figures) whole
   for f in $(find /tmp/runs -name run.db); do n=$(dirname ${f#/tmp/runs/} | tr / -); python3 -c "import sqlite3,sys;s=sqlite3.connect(sys.argv[1]);d=sqlite3.connect(sys.argv[2]);s.backup(d)" $f /tmp/back/db/$n.db; done
   cp /tmp/policies/countdown-13m/*.json /tmp/policies/countdown-13m/TRAINING.md /tmp/back/study/ 2>/dev/null
   for d in /tmp/st13*; do [ -f $d/study.jsonl ] && cp $d/study.jsonl /tmp/back/study/$(basename $d).jsonl; done
@@ -95,4 +95,17 @@ e) plain
      T engine-vl-vllm python3 $G engine --engine vllm --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-vllm.json ) &
    wait; save 10;;
 s) save s;;  # the study so far, nothing else
+# The queued plan (scripts/gpu/queues.sh: one background queue per card, so no card waits on these calls):
+#   q0 = part 0, the models, start both queues (their plain jobs run at once); p1-p3 = parts 1-3;
+#   q4 = part 4, unpack (the queues' stack jobs start), then wait; w N = wait. Each wait ends at END (or when the
+#   queues are done) and brings back what has finished, every minute too (a call cut off still returns its last).
+q0) part 0; cp -r .gpu-data/geometry3k /tmp/g3k; plain; nvidia-smi -L; python3 -c "import torch,transformers;print(torch.__version__,transformers.__version__)"
+   T models python3 $B models /tmp/models
+   rm -rf /tmp/shimq /tmp/rq && cp -r /tmp/shim /tmp/shimq && mkdir /tmp/rq && tar -C $R --exclude='./.gpu-stack/c?' -c . | tar -C /tmp/rq -x
+   for c in 0 1; do setsid nohup bash /tmp/rq/scripts/gpu/queues.sh $c /tmp/rq > /tmp/q$c.log 2>&1 < /dev/null & done
+   sleep 5; cat /tmp/q?.log; save q0;;
+p1|p2|p3) part ${1#p}; ls -la /tmp/parts; cat /tmp/q?.log;;
+q4|w) if [ $1 = q4 ]; then part 4; mkdir -p /tmp/site && cat /tmp/parts/stack.part.* | xz -T16 -dc | tar -x -C /tmp/site && touch /tmp/site/.unpacked && echo unpacked; fi
+   n=0; until [ -f $J/done ] || [ $(date +%s) -ge $END ]; do sleep 5; n=$((n + 1)); [ $((n % 12)) = 0 ] && save $1$2 > /dev/null; done
+   cat /tmp/q?.log; save $1$2;;
 esac

@@ -10,8 +10,9 @@ images), are compared with the trainer's teacher-forced log-probs of the same to
 policy alpha (`backend.rollout`) and under pi_theta (`backend.policy`):
 
   behaviour  the stored behaviour log-probs (what `generate` returns) equal the engine's log-probs of the sampled
-             tokens within TOLERANCE (bf16 engine vs the trainer's bf16 autocast forward of the same weights); for
-             scale it also prints how far the trainer's own fp32 forward is from each (what bf16 alone moves)
+             tokens within TOLERANCE (bf16 engine vs the trainer's bf16 autocast forward of the same weights), or
+             within BF16_SCALE x the trainer's own bf16-vs-fp32 distance where that is larger (two bf16 forwards,
+             each about that far from fp32: the VL shape's is ~0.034 per token on CPU); it prints both distances
   stale      after an update without a sync the engine still matches alpha, not pi_theta
   x2         a re-evaluation (policy="current") samples from pi_theta: its greedy answers are pi_theta's, not alpha's;
              afterwards the engine matches alpha again
@@ -26,6 +27,7 @@ import json
 import sys
 
 TOLERANCE = 0.05  # mean |log-prob difference| per token: bf16 vLLM vs the trainer's bf16 forward of the same weights
+BF16_SCALE = 2.0  # behaviour: two bf16 implementations may each be the trainer's own bf16 error away from fp32
 SEPARATION = 2.0  # the wrong weights must be at least this many times further off than the right ones
 
 
@@ -139,8 +141,10 @@ def main(argv: list[str]) -> int:
     finally:
         backend.autocast_dtype = autocast
     stored = [list(row[:len(t)]) for row, t in zip(stored, tokens)]  # VL: score()'s rows are right-padded
-    check("behaviour", d < TOLERANCE, mean_abs_diff=d, tolerance=TOLERANCE, tokens=sum(map(len, eng)),
-          trainer_bf16_vs_fp32=distance(stored, fp32), engine_vs_trainer_fp32=distance(eng, fp32))
+    bf16 = distance(stored, fp32)
+    tolerance = max(TOLERANCE, BF16_SCALE * bf16)
+    check("behaviour", d < tolerance, mean_abs_diff=d, tolerance=tolerance, tokens=sum(map(len, eng)),
+          trainer_bf16_vs_fp32=bf16, engine_vs_trainer_fp32=distance(eng, fp32))
     probe = [g[0].tokens for g in groups]
 
     # move pi_theta away from alpha: a few large-lr updates on the sampled groups, no sync
@@ -150,7 +154,7 @@ def main(argv: list[str]) -> int:
         backend.update(UpdateBatch(prompts=tuple(prompts), responses=tuple(tuple(g) for g in groups), rewards=rewards,
                                    advantages=advantages, step=step + 1))
     to_alpha, to_theta = probe_distances()
-    check("stale", to_alpha < TOLERANCE and to_theta > SEPARATION * to_alpha, engine_vs_alpha=to_alpha,
+    check("stale", to_alpha < tolerance and to_theta > SEPARATION * to_alpha, engine_vs_alpha=to_alpha,
           engine_vs_pi_theta=to_theta)
 
     # x2: greedy answers of a re-evaluation are pi_theta's; then alpha is back
@@ -160,18 +164,18 @@ def main(argv: list[str]) -> int:
            for name, policy in (("pi_theta", "current"), ("alpha", "rollout"))}
     a_theta, a_alpha = agreement(x2, ref["pi_theta"]), agreement(x2, ref["alpha"])
     after_alpha, after_theta = probe_distances()
-    check("x2", a_theta > a_alpha and a_theta > 0.5 and after_alpha < TOLERANCE and after_theta > SEPARATION * after_alpha,
+    check("x2", a_theta > a_alpha and a_theta > 0.5 and after_alpha < tolerance and after_theta > SEPARATION * after_alpha,
           greedy_agreement_pi_theta=a_theta, greedy_agreement_alpha=a_alpha, after_engine_vs_alpha=after_alpha,
           after_engine_vs_pi_theta=after_theta)
 
     engine.sleep()
     engine.wake()
     s_alpha, _ = probe_distances()
-    check("sleep", s_alpha < TOLERANCE, engine_vs_alpha=s_alpha)
+    check("sleep", s_alpha < tolerance, engine_vs_alpha=s_alpha)
 
     backend.sync()
     y_alpha, y_theta = probe_distances()  # alpha == pi_theta now, in the backend and (if the sync worked) the engine
-    check("sync", y_theta < TOLERANCE, engine_vs_pi_theta=y_theta, engine_vs_alpha=y_alpha)
+    check("sync", y_theta < tolerance, engine_vs_pi_theta=y_theta, engine_vs_alpha=y_alpha)
 
     emit(summary={k: "PASS" if v else "FAIL" for k, v in results.items()})
     return 0 if all(results.values()) else 1
