@@ -15,16 +15,10 @@
 #   5 = 8 minutes in all: card 1, the same with verl's own per-row log-probs (the A/B); card 0, the VL engine
 #       checks, a VL step with the vLLM engine, the text engine checks (cut off by the 8 minutes)
 #   6 = the text engine checks again
-# Not run yet (the device time was spent) — the rest of issue 10's matrix on one machine, then issue 11's VL checks:
-#   e = the embedded rows side by side (text on card 0, VL on card 1); 7 = the text and VL shapes on verl, 1 GPU
-#   each, side by side (two Ray clusters: two ray.init() in two processes make two, checked on CPU with Ray 2.60);
-#   8 = the text shape on verl, 2 GPUs; 9 = the VL shape on verl, 2 GPUs (never run anywhere); 10 = the VL engine
-#   checks again (the engine now empties torch's cache before wake_up) and the engine decode benches: vLLM at 256 x 8
-#   with max_num_seqs 512 and with CUDA graphs up to 1,024 rows against the default, the two VL engines, and
-#   model.generate at 64 x 8 in one chunk of 512 rows against the default two of 256 (is its decode host-bound?).
-#   A full matrix on one machine: the models (of 0) and bounds (of 1), e, parts 1-4 and the unpack (of 4), then 7,
-#   8, 9: about 27 minutes of a 2-GPU machine by this session's timings (whether the VL shape on verl fits an 80 GB
-#   card is not known: it ran on an H200).
+# Cases e and 7-10 (git log -p) were the next plan, one call each; the queued plan below replaced them (2 x H200, 2026-11-27,
+#   docs/bench/2026-11-27-2xH200-queued: q0, p1-p3, q4, w 6, w 7 ran everything of scripts/gpu/queues.sh's queues 0
+#   and 1 in 27.3 minutes of device time, except the VL shape on verl with 1 GPU).
+# Next: QUEUES=vl20 on a one-GPU machine (q0, p1-p3, q4, then w until done: about 30 minutes held): see queues.sh.
 # docs/bench/2026-11-27-2xH200 came from an earlier version of this plan (git log -p this file).
 R=$PWD; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
@@ -33,7 +27,7 @@ part() { cp .gpu-stack/c$1/* /tmp/parts/; }
 plain() { . scripts/gpu/env.sh; export PYTHONPATH=/tmp/shim; cd /tmp; }   # bapo_vl laid out as installed; no stack
 stack() { . scripts/gpu/env.sh; cd /tmp; }  # from /tmp: the repo's own bapo_vl folder must not shadow the shim
 save() {  # results + log tails + run records + the study so far back
-  mkdir -p /tmp/back/db /tmp/back/study; for f in $J/logs/*.log /tmp/study13.log /tmp/q?.log; do [ -f $f ] && tail -c 60000 $f > /tmp/back/$(basename $f) && grep -a '^{' $f > /tmp/back/$(basename $f .log).jsonl; done  # a log's JSON lines (figures) whole
+  mkdir -p /tmp/back/db /tmp/back/study; for f in $J/logs/*.log /tmp/study13.log /tmp/q*.log; do [ -f $f ] && tail -c 60000 $f > /tmp/back/$(basename $f) && grep -a '^{' $f > /tmp/back/$(basename $f .log).jsonl; done  # a log's JSON lines (figures) whole
   for f in $(find /tmp/runs -name run.db); do n=$(dirname ${f#/tmp/runs/} | tr / -); python3 -c "import sqlite3,sys;s=sqlite3.connect(sys.argv[1]);d=sqlite3.connect(sys.argv[2]);s.backup(d)" $f /tmp/back/db/$n.db; done
   cp /tmp/policies/countdown-13m/*.json /tmp/policies/countdown-13m/TRAINING.md /tmp/back/study/ 2>/dev/null
   for d in /tmp/st13*; do [ -f $d/study.jsonl ] && cp $d/study.jsonl /tmp/back/study/$(basename $d).jsonl; done
@@ -72,28 +66,6 @@ case $1 in
      T engine-checks python3 $R/scripts/gpu/engine_checks.py ) &
    wait; save 5;;
 6) stack; CUDA_VISIBLE_DEVICES=0 T engine-checks python3 $R/scripts/gpu/engine_checks.py; save 6;;
-e) plain
-   ( T text-embedded python3 $B train --shape text --backend embedded --model /tmp/models/text --steps 2 --cuda 0 --run-dir /tmp/runs --out $J/text-embedded.json ) &
-   ( T vl-embedded python3 $B train --shape vl --backend embedded --model /tmp/models/vl --source /tmp/g3k --steps 2 --set micro_batch_size=2 --cuda 1 --run-dir /tmp/runs --out $J/vl-embedded.json ) &
-   wait; save e;;
-7) stack; END=$(( $(date +%s) + 585 ))  # verl's vLLM now compiles and captures CUDA graphs first: ~1 min more
-   ( T text-verl1 python3 $B train --shape text --backend verl --gpus 1 --cuda 0 --model /tmp/models/text --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/text-verl1.json ) &
-   ( T vl-verl1 python3 $B train --shape vl --backend verl --gpus 1 --cuda 1 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 575 --out $J/vl-verl1.json ) &
-   wait; save 7;;
-8) stack; T text-verl2 python3 $B train --shape text --backend verl --gpus 2 --model /tmp/models/text --steps 2 --run-dir /tmp/runs --timeout 520 --out $J/text-verl2.json; save 8;;
-9) stack; END=$(( $(date +%s) + 585 )) T vl-verl2 python3 $B train --shape vl --backend verl --gpus 2 --model /tmp/models/vl --source /tmp/g3k --steps 2 --run-dir /tmp/runs --timeout 575 --out $J/vl-verl2.json; save 9;;
-10) stack
-   ( export CUDA_VISIBLE_DEVICES=0
-     T engine-checks-vl python3 $R/scripts/gpu/engine_checks.py --preset geometry3k model=/tmp/models/vl "task_options={source: /tmp/g3k}" max_pixels=200704 micro_batch_size=2
-     T engine-vl-tf python3 $G engine --engine transformers --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-transformers.json
-     T engine-text-tf python3 $G engine --engine transformers --shape text --model /tmp/models/text --prompts 64 --no-probe-cb --out $J/engine-text-transformers.json
-     T engine-text-tf512 python3 $G engine --engine transformers --shape text --model /tmp/models/text --prompts 64 --no-probe-cb --set generate_batch_size=512 --out $J/engine-text-transformers512.json ) &
-   ( export CUDA_VISIBLE_DEVICES=1
-     T engine-text-vllm256 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --out $J/engine-text-vllm256.json
-     T engine-text-vllm512 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
-     T engine-text-vllm-graphs1024 python3 $G engine --engine vllm --shape text --model /tmp/models/text --prompts 256 --set "vllm_options={compilation_config: {max_cudagraph_capture_size: 1024}}" --out $J/engine-text-vllm-graphs1024.json
-     T engine-vl-vllm python3 $G engine --engine vllm --shape vl --model /tmp/models/vl --source /tmp/g3k --prompts 16 --out $J/engine-vl-vllm.json ) &
-   wait; save 10;;
 s) save s;;  # the study so far, nothing else
 # The queued plan (scripts/gpu/queues.sh: one background queue per card, so no card waits on these calls):
 #   q0 = part 0, the models, start both queues (their plain jobs run at once); p1-p3 = parts 1-3;
@@ -102,10 +74,10 @@ s) save s;;  # the study so far, nothing else
 q0) part 0; cp -r .gpu-data/geometry3k /tmp/g3k; plain; nvidia-smi -L; python3 -c "import torch,transformers;print(torch.__version__,transformers.__version__)"
    T models python3 $B models /tmp/models
    rm -rf /tmp/shimq /tmp/rq && cp -r /tmp/shim /tmp/shimq && mkdir /tmp/rq && tar -C $R --exclude='./.gpu-stack/c?' -c . | tar -C /tmp/rq -x
-   for c in 0 1; do setsid nohup bash /tmp/rq/scripts/gpu/queues.sh $c /tmp/rq > /tmp/q$c.log 2>&1 < /dev/null & done
-   sleep 5; cat /tmp/q?.log; save q0;;
-p1|p2|p3) part ${1#p}; ls -la /tmp/parts; cat /tmp/q?.log;;
+   for c in ${QUEUES:-0 1}; do setsid nohup bash /tmp/rq/scripts/gpu/queues.sh $c /tmp/rq > /tmp/q$c.log 2>&1 < /dev/null & done
+   sleep 5; cat /tmp/q*.log; save q0;;
+p1|p2|p3) part ${1#p}; ls -la /tmp/parts; cat /tmp/q*.log;;
 q4|w) if [ $1 = q4 ]; then part 4; mkdir -p /tmp/site && cat /tmp/parts/stack.part.* | xz -T16 -dc | tar -x -C /tmp/site && touch /tmp/site/.unpacked && echo unpacked; fi
    n=0; until [ -f $J/done ] || [ $(date +%s) -ge $END ]; do sleep 5; n=$((n + 1)); [ $((n % 12)) = 0 ] && save $1$2 > /dev/null; done
-   cat /tmp/q?.log; save $1$2;;
+   cat /tmp/q*.log; save $1$2;;
 esac

@@ -3,16 +3,20 @@
 # that no card waits on the device tool's calls (device_session.sh q0 starts both; later calls only wait and save).
 # Each queue runs its plain jobs (no stack on the path: the embedded backend as it is today), waits for the unpacked
 # stack (/tmp/site/.unpacked, device_session.sh q4), runs its stack jobs and writes /tmp/bench/doneCARD; queue 0 then
-# waits for queue 1 and runs the 2-GPU verl rows.       usage: setsid queues.sh CARD REPO   (DRY=1: print, run nothing)
-C=$1; R=$2; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
+# waits for queue 1 and runs the 2-GPU verl rows (queues 0 and 1 ran on 2 x H200 on 2026-11-27: docs/results.md).
+# Queue vl20 (one card; not run yet): the embedded VL row for 4 steps (does step 2's gradient norm come out
+# non-finite again? the update now skips such a step and logs the tensors), the VL row with the vLLM engine on the
+# same card, then the 2.0 B VL shape on verl, 1 GPU, for 20 steps, and its final/ loaded with from_pretrained.
+#                                    usage: setsid queues.sh QUEUE REPO   (QUEUE: 0, 1 or vl20; DRY=1: print only)
+C=$1; R=$2; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py; K=${C/vl20/0}  # K: the card
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
        RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=true RAY_DEDUP_LOGS=0
 mkdir -p $J/logs && cd /tmp  # from /tmp: a repo's own bapo_vl folder must not shadow the shim
 T() { local name=$1 rc; shift; echo "== $(date +%T) start $name"; ${DRY:+echo} "$@" > $J/logs/$name.log 2>&1; rc=$?
       echo "== $(date +%T) end $name rc=$rc"; }
-plain() { export PYTHONPATH=/tmp/shimq CUDA_VISIBLE_DEVICES=$C; }
+plain() { export PYTHONPATH=/tmp/shimq CUDA_VISIBLE_DEVICES=$K; }
 stack() { until [ -f /tmp/site/.unpacked ]; do sleep 2; done; echo "== $(date +%T) stack ready"
-          export PYTHONPATH=/tmp/shimq:/tmp/site:$R/.gpu-stack/extra CUDA_VISIBLE_DEVICES=$C; }
+          export PYTHONPATH=/tmp/shimq:/tmp/site:$R/.gpu-stack/extra CUDA_VISIBLE_DEVICES=$K; }
 VL="--shape vl --model /tmp/models/vl --source /tmp/g3k"; TEXT="--shape text --model /tmp/models/text"
 case $C in
 0) plain
@@ -35,4 +39,12 @@ case $C in
    T engine-checks-vl python3 $R/scripts/gpu/engine_checks.py --preset geometry3k model=/tmp/models/vl "task_options={source: /tmp/g3k}" max_pixels=200704 micro_batch_size=2
    T engine-text-vllm512 python3 $G engine --engine vllm $TEXT --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
    touch $J/done1;;
+vl20) plain
+   T vl-embedded4 python3 $B train $VL --backend embedded --steps 4 --set micro_batch_size=2 --cuda 0 --run-dir /tmp/runs --out $J/vl-embedded4.json
+   stack
+   T vl-embedded-vllm python3 $B train $VL --backend embedded --steps 2 --set micro_batch_size=2 rollout_engine=vllm --cuda 0 --run-dir /tmp/runs --out $J/vl-embedded-vllm.json
+   T vl-verl1-20 python3 $B train $VL --backend verl --gpus 1 --cuda 0 --steps 20 --keep-weights --run-dir /tmp/runs --timeout 1700 --out $J/vl-verl1-20.json
+   T vl-verl1-final python3 -c "import sys; from transformers import AutoModelForImageTextToText as M, AutoProcessor as P; m = M.from_pretrained(sys.argv[1]); P.from_pretrained(sys.argv[1]); print(type(m).__name__, sum(p.numel() for p in m.parameters()))" /tmp/runs/bench-vl-verl1/final
+   rm -rf /tmp/runs/bench-vl-verl1/final /tmp/runs/bench-vl-verl1/checkpoints
+   touch $J/done;;
 esac
