@@ -50,11 +50,11 @@ def perturb(model, seed=0):
 
 
 def test_auto_picks_transformers_without_vllm_or_gpu(backend):
-    # Could fail if auto chose vllm on a CPU, for a VL model, or where vllm is not installed.
-    assert choose_engine("auto", torch.device("cpu"), is_vl=False) == "transformers"
-    assert choose_engine("auto", torch.device("cuda"), is_vl=True) == "transformers"
-    assert choose_engine("auto", torch.device("cuda"), is_vl=False) == ("vllm" if HAS_VLLM else "transformers")
-    assert choose_engine("transformers", torch.device("cuda"), is_vl=False) == "transformers"
+    # Could fail if auto chose vllm on a CPU or where vllm is not installed, or overrode an explicit choice.
+    assert choose_engine("auto", torch.device("cpu")) == "transformers"
+    assert choose_engine("auto", torch.device("cuda")) == ("vllm" if HAS_VLLM else "transformers")
+    assert choose_engine("transformers", torch.device("cuda")) == "transformers"
+    assert choose_engine("vllm", torch.device("cpu")) == "vllm"  # VllmEngine then says it needs CUDA
     assert backend.engine.name == "transformers"
 
 

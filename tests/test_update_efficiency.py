@@ -146,3 +146,36 @@ def test_update_micro_batches_by_length_pad_less_and_change_no_gradient(tmp_path
     for k, g in in_order[0].items():
         # float summation order: elements near zero differ in their last bits
         torch.testing.assert_close(by_length[0][k], g, rtol=1e-5, atol=1e-5 * float(g.abs().max()))
+
+
+def test_a_non_finite_gradient_skips_the_optimizer_step_and_keeps_the_weights(tmp_path, caplog):
+    # Could fail if a NaN gradient reached AdamW (clipping by a NaN norm makes every weight NaN), if the skip went
+    # unreported (metrics, log), or if the next, finite update did not step. On an H200 the 2 B VL shape's second
+    # embedded update had a non-finite gradient norm (docs/results.md); here a real NaN comes from a gradient hook.
+    from bapo_vl.backends.base import Response, UpdateBatch
+
+    backend = make("countdown-tiny", tmp_path, micro_batch_size=4, mini_batch_size=4)
+    problems = get_task("countdown").load(split="train", template="compact")[:2]
+    prompts = [backend.encode(p) for p in problems]
+    responses = [[(40, 41, 42), (43, 44)], [(45,), (46, 47, 48, 49)]]
+    behaviour = backend.score(backend.policy, [p for p in prompts for _ in range(2)], [r for rs in responses for r in rs])
+    groups = tuple(tuple(Response(r, tuple(behaviour[g * 2 + i, :len(r)].tolist())) for i, r in enumerate(rs))
+                   for g, rs in enumerate(responses))
+    batch = UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=((1.0, 0.0), (0.0, 1.0)),
+                        advantages=((1.0, -1.0), (-1.0, 1.0)), step=7)
+    before = {k: v.clone() for k, v in backend.policy.state_dict().items()}
+    name, param = next(iter(backend.policy.named_parameters()))
+    hook = param.register_hook(lambda g: g * float("nan"))
+    with caplog.at_level("WARNING"):
+        metrics = backend.update(batch)
+    hook.remove()
+    assert metrics["skipped_steps"] == 1 and metrics["grad_norm"] != metrics["grad_norm"]  # NaN
+    assert "step 7" in caplog.text and f"{'.'.join(name.split('.')[:2])} 1/" in caplog.text
+    after = backend.policy.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)  # nothing moved, nothing became NaN
+
+    metrics = backend.update(batch)
+    assert metrics["skipped_steps"] == 0 and metrics["grad_norm"] > 0
+    after = backend.policy.state_dict()
+    assert all(torch.isfinite(v).all() for v in after.values())
+    assert not all(torch.equal(before[k], after[k]) for k in before)

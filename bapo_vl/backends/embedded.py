@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import random
 from contextlib import nullcontext
 from pathlib import Path
@@ -51,6 +52,27 @@ def _combine(micro_metrics: list[dict]) -> dict:
         if k not in ADDITIVE and k != "n_valid_tokens":
             out[k] = sum(m[k] * m["n_valid_tokens"] for m in micro_metrics) / n
     return out
+
+
+def clipped_step(optimizer, model: torch.nn.Module, max_norm: float, step: int) -> float:
+    """Clip the gradient norm and step, unless the norm is not finite: then the step is skipped (as verl's actor
+    does), since clipping by a NaN/inf norm would turn every weight into NaN. Returns the norm before clipping."""
+    total = torch.nn.utils.get_total_norm([p.grad for p in model.parameters() if p.grad is not None])
+    norm = float(total)
+    if math.isfinite(norm):
+        torch.nn.utils.clip_grads_with_norm_(model.parameters(), max_norm, total)
+        optimizer.step()
+    else:
+        where: dict[str, list[int]] = {}  # module prefix -> [tensors with non-finite gradients, tensors]
+        for n, p in model.named_parameters():
+            if p.grad is not None:
+                counts = where.setdefault(".".join(n.split(".")[:2]), [0, 0])
+                counts[0] += int(not torch.isfinite(p.grad).all())
+                counts[1] += 1
+        log.warning("step %d: gradient norm %s; optimizer step skipped. Tensors with non-finite gradients: %s", step,
+                    norm, ", ".join(f"{k} {b}/{t}" for k, (b, t) in where.items() if b) or "none")
+    optimizer.zero_grad(set_to_none=True)
+    return norm
 
 
 def _by_length(idx: list[int], prompts: list[dict], responses: list) -> list[int]:
@@ -283,12 +305,17 @@ class EmbeddedBackend:
                 terms = dict(mask=mask, adv=adv, old=old, ref=ref, is_w=is_w)
                 micro_metrics = [self._backward(micro, prompts, responses, terms, n_tokens, len(idx))
                                  for micro in _chunks(idx, cfg.micro_batch_size)]
-                grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), cfg.grad_clip)
-                self.optimizer.step()
-                per_mini.append(_combine(micro_metrics) | {"grad_norm": float(grad_norm)})
+                grad_norm = clipped_step(self.optimizer, self.policy, cfg.grad_clip, batch.step)
+                per_mini.append(_combine(micro_metrics) | {"grad_norm": grad_norm,
+                                                           "skipped_steps": float(not math.isfinite(grad_norm))})
                 if self.critic is not None:
-                    per_mini[-1] |= self._critic_step(idx, prompts, responses, values, returns, mask, n_tokens)
-        return {k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]} if per_mini else {}
+                    per_mini[-1] |= self._critic_step(idx, prompts, responses, values, returns, mask, n_tokens,
+                                                      batch.step)
+        if not per_mini:
+            return {}
+        out = {k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]}
+        out["skipped_steps"] = sum(m["skipped_steps"] for m in per_mini)  # a count, not a mean
+        return out
 
     def _backward(self, micro, prompts, responses, terms: dict, n_tokens, n_seqs) -> dict:
         """Forward and backward of one micro-batch; `terms` holds the (N, R) per-token tensors."""
@@ -319,7 +346,7 @@ class EmbeddedBackend:
         adv, ret = gae_advantages(torch.tensor(rewards, dtype=torch.float32), values * mask, mask)
         return adv * mask, values * mask, ret * mask
 
-    def _critic_step(self, idx, prompts, responses, values, returns, mask, n_tokens) -> dict:
+    def _critic_step(self, idx, prompts, responses, values, returns, mask, n_tokens, step: int) -> dict:
         """One optimizer step of the critic on the mini-batch `idx`: clipped value loss against the GAE returns."""
         self.critic_optimizer.zero_grad(set_to_none=True)
         parts = []
@@ -330,8 +357,7 @@ class EmbeddedBackend:
                                  cut(mask), self.cfg.value_clip, "token-mean", n_tokens=n_tokens)
             loss.backward()
             parts.append((m, sum(len(responses[i]) for i in micro)))
-        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.cfg.grad_clip)
-        self.critic_optimizer.step()
+        clipped_step(self.critic_optimizer, self.critic, self.cfg.grad_clip, step)
         return {"vf_loss": sum(m["vf_loss"] for m, _ in parts),
                 "vf_clipfrac": sum(m["vf_clipfrac"] * n for m, n in parts) / max(1, sum(n for _, n in parts))}
 

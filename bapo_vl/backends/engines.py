@@ -8,10 +8,10 @@ tokens that were sampled, whichever engine sampled them.
     transformers  `model.generate` with a dynamic cache on the backend's own alpha / pi_theta models; always there.
     vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA). Text models: checked by
                   scripts/gpu/engine_checks.py on an H200 and an H100 (docs/results.md), 9.5x `model.generate`'s
-                  tokens/s at 64 x 8 x 512 on the H200. Qwen2.5-VL: `bapo train` ran on an H100 (generation 1.55x), but
-                  engine_checks.py --preset geometry3k FAILED its behaviour check (0.054 > 0.05) and ran out of
-                  memory before the others, so `auto` does not pick it for VL.
-    auto          vllm when it is installed, the device is cuda and the model is a text model; else transformers.
+                  tokens/s at 64 x 8 x 512 on the H200. Qwen2.5-VL: `bapo train` ran on an H100 (generation 1.55x,
+                  step 1.26x) and engine_checks.py --preset geometry3k passed on an H200 (its vLLM log-probs are
+                  4x closer to the fp32 ones than the trainer's own bf16 forward).
+    auto          vllm when it is installed and the device is cuda; else transformers.
 """
 from __future__ import annotations
 
@@ -41,16 +41,17 @@ class RolloutEngine(Protocol):
     def wake(self) -> None: ...
 
 
-def choose_engine(name: str, device: torch.device, is_vl: bool) -> str:
-    """The engine `rollout_engine=name` means here: auto picks the fastest one that can run."""
+def choose_engine(name: str, device: torch.device) -> str:
+    """The engine `rollout_engine=name` means here: auto picks the fastest one that can run (vLLM, text and VL alike:
+    docs/results.md has both measured against model.generate, and both passed scripts/gpu/engine_checks.py)."""
     if name != "auto":
         return name
-    fast = device.type == "cuda" and not is_vl and importlib.util.find_spec("vllm") is not None
+    fast = device.type == "cuda" and importlib.util.find_spec("vllm") is not None
     return "vllm" if fast else "transformers"
 
 
 def make_engine(backend) -> RolloutEngine:
-    name = choose_engine(backend.cfg.rollout_engine, backend.device, backend.is_vl)
+    name = choose_engine(backend.cfg.rollout_engine, backend.device)
     if name != "vllm" and backend.cfg.vllm_options:
         log.warning("vllm_options are ignored: the rollout engine is %s", name)
     return {"transformers": TransformersEngine, "vllm": VllmEngine}[name](backend)
@@ -113,7 +114,7 @@ class VllmEngine:
     - X2 (policy="current"): pi_theta's weights are pushed, the responses sampled, then alpha's weights (the backend's
       own alpha copy, which also scores the behaviour log-probs) are pushed back.
     - update: the engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the trainer gets the memory.
-    - VL (ran on an H100; its behaviour check: 0.054 per token against 0.05): vLLM gets the chat text and the PIL
+    - VL (`bapo train` ran on an H100; every engine check passed on an H200): vLLM gets the chat text and the PIL
       images `encode` kept (`raw`) and processes them itself with the trainer's min/max pixels, so it sees the image
       grid the trainer scores with; it then needs the tokenizer (text models skip it)."""
 
