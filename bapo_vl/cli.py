@@ -102,13 +102,6 @@ def cmd_eval(args) -> int:
     return run(EvalOptions(**given), as_json=args.json, out=args.out)
 
 
-def one_line(e: BaseException, with_type: bool = False) -> str:
-    """The error as one line: a KeyError's message unquoted, line breaks joined; `with_type` names its class."""
-    text = e.args[0] if type(e) is KeyError and len(e.args) == 1 and isinstance(e.args[0], str) else str(e)
-    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
-    return f"{type(e).__name__}: {text}" if with_type else text
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bapo", description="BAPO: off-policy RLVR with batch adaptation")
     debug_help = "on an error, print the traceback too (default: one line naming what to fix)"
@@ -177,6 +170,8 @@ def main(argv=None) -> int:
         print("bapo: interrupted", file=sys.stderr)
         return 130
     except Exception as e:  # noqa: BLE001 - one line for the user; the traceback with --debug
+        from bapo_vl.config import one_line  # here: `bapo --help` does not import torch
+
         code = 2 if isinstance(e, INPUT_ERRORS) else 1
         if args.debug:
             traceback.print_exc()

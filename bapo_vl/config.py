@@ -24,6 +24,13 @@ PRESET_DIR = Path(__file__).parent / "presets"
 SHARED_LOSS_FIELDS = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "agg", "bac_reduce"}
 
 
+def one_line(e: BaseException, with_type: bool = False) -> str:
+    """The error as one line: a KeyError's message unquoted, line breaks joined; `with_type` names its class."""
+    text = e.args[0] if type(e) is KeyError and len(e.args) == 1 and isinstance(e.args[0], str) else str(e)
+    text = " ".join(line.strip() for line in text.splitlines() if line.strip())
+    return f"{type(e).__name__}: {text}" if with_type else text
+
+
 class ConfigError(ValueError):
     """A config value that is refused; the message names the key (and the file it came from) and what it takes."""
 

@@ -15,8 +15,7 @@ from pathlib import Path
 
 import torch
 
-from bapo_vl.cli import one_line
-from bapo_vl.config import Config, ConfigError, as_override
+from bapo_vl.config import Config, ConfigError, as_override, one_line
 from bapo_vl.plugins import get_task
 from bapo_vl.record import (DB_NAME, FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir, make_sinks,
                             query_ro)
