@@ -208,6 +208,7 @@ class Trainer:
         cfg, th = self.cfg, self.state.thresholds
         self.verdicts.clear()
         self.timings.clear()
+        self.backend.timings.clear()
         if t % cfg.delay == 0:  # 1. delayed rollout policy
             t0 = time.perf_counter()
             self.backend.sync()
@@ -246,6 +247,7 @@ class Trainer:
             "bins": bins, "policy_version": self.updates, "rollout_version": self.rollout_version,
             "response_length": mean([len(s.tokens) for g in fresh for s in g.samples]),
             **{f"t_{k}": self.timings.get(k, 0.0) for k in ("generate", "score", "train", "sync")},
+            **{f"t_generate_{k}": v for k, v in self.backend.timings.items()},  # where generate's time went
             **{k: v for k, v in train_metrics.items()},
             "verdicts": dict(self.verdicts),
         }

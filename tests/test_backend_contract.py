@@ -59,6 +59,7 @@ def test_generate_hands_back_responses_with_behaviour_logprobs(kind, model_dir, 
     backend = BACKENDS[kind](cfg)
     problems = get_task("countdown").load(split="train", template="compact")[:3]
     prompts = [backend.encode(p) for p in problems]
+    assert not backend.timings
     for policy in ("rollout", "current"):
         out = backend.generate(prompts, G, policy=policy)
         assert type(out) is list and len(out) == 3 and all(type(g) is list and len(g) == G for g in out)
@@ -67,6 +68,9 @@ def test_generate_hands_back_responses_with_behaviour_logprobs(kind, model_dir, 
             assert 1 <= len(r.tokens) <= cfg.max_response_length and len(r.logprobs) == len(r.tokens)
             assert all(type(t) is int for t in r.tokens) and all(type(x) is float and x <= 0 for x in r.logprobs)
             assert isinstance(backend.decode(r.tokens), str)
+    # where generate's time went: the engine; the embedded backend also scores the behaviour log-probs itself
+    assert set(backend.timings) == ({"sample", "logprobs"} if kind == "embedded" else {"sample"})
+    assert all(seconds > 0 for seconds in backend.timings.values())
     if kind == "embedded":  # evaluation's options (the verl backend refuses greedy decoding with a clear error)
         bare = backend.generate(prompts, 1, policy="current", greedy=True, logprobs=False)
         assert all(r.logprobs is None for g in bare for r in g)

@@ -67,3 +67,16 @@ def test_reports_of_the_committed_two_h100_results():
     assert "| embedded (vllm engine) | NVIDIA H100 80GB HBM3 | micro_batch_size=2 rollout_engine=vllm | 43.88 |" in steps
     update = run(ROOT / "scripts" / "bench_gpu.py", "report", *files)
     assert "MFU 13.1%" in update and "aten::mm" in update and "Self CUDA time total: 177.449ms" in update
+
+
+def test_reports_of_the_committed_queued_two_h200_results():
+    # Could fail if a verl row lost its vLLM mode, a ratio were taken against another shape's embedded row, or an
+    # engine setting (vllm_options, generate_batch_size) were dropped from its row.
+    files = sorted((ROOT / "docs" / "bench" / "2026-11-27-2xH200-queued").glob("*.json"))
+    steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *files)
+    assert "| verl, 1 GPU, vLLM cuda graphs | NVIDIA H200 | - | 20.29 |" in steps and "| 1.59x |" in steps
+    assert "| verl, 2 GPU, vLLM cuda graphs | NVIDIA H200 | - | 26.77 |" in steps and "| 1.71x |" in steps
+    assert "| - / - |" in steps  # recorded before generate's split: shown as unknown, not as 0
+    engines = run(ROOT / "scripts" / "bench_gpu.py", "report", *files)
+    assert "| vllm | NVIDIA H200 | vllm_options={max_num_seqs: 512} | 256 x 8 | 21,406 | 37.02 |" in engines
+    assert "| transformers | NVIDIA H200 | generate_batch_size=512 | 64 x 8 | 3,532 | 72.77 | 257 / 512 | 1.28x |" in engines

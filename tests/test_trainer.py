@@ -185,6 +185,16 @@ def test_recorded_rollout_version_follows_the_sync_schedule(recorded_run):
     assert steps[-1]["rollout_version"] > 0
 
 
+def test_each_step_records_where_the_generate_time_went(recorded_run):
+    # Could fail if the backend's split of generate (engine sampling, behaviour log-prob scoring) were not recorded,
+    # leaked from one step into the next (the trainer clears it each step), or measured something outside generate.
+    steps = read_run(recorded_run)["steps"]
+    for s in steps:
+        sample, logprobs = s["t_generate_sample"], s["t_generate_logprobs"]
+        assert sample > 0 and logprobs > 0
+        assert sample + logprobs <= s["t_generate"] + 1e-6
+
+
 # --- 2. re-evaluation schedule ---------------------------------------------------------------------------------
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from collections import Counter
 from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
 import torch
@@ -94,6 +95,9 @@ class Backend(Protocol):
     """What the trainer and `bapo eval` call. Versions are counted by the trainer, never here."""
 
     name: str
+    # seconds spent inside generate since the trainer last cleared it (once a step), by part: "sample" (the rollout
+    # engine, X2's weight swaps included) and "logprobs" (the embedded backend's own scoring of the behaviour log-probs)
+    timings: Counter
 
     def encode(self, problem: Problem) -> Any:
         """The prompt as this backend feeds it to its model (token ids, images); opaque to the trainer."""

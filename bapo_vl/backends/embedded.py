@@ -13,6 +13,8 @@ import copy
 import logging
 import math
 import random
+import time
+from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -141,6 +143,7 @@ class EmbeddedBackend:
                         "temperature-scaled distribution (the paper uses top_p=1, top_k=-1)")
         self.loss_cfg = cfg.loss_config()
         self.rng = random.Random(cfg.seed)
+        self.timings: Counter = Counter()  # seconds inside generate (base.Backend.timings)
         self.engine = make_engine(self)  # what samples rollouts; logged by `bapo train` in its first lines
 
     def _frozen_copy(self, dtype):
@@ -200,10 +203,14 @@ class EmbeddedBackend:
             raise ValueError(f"greedy decoding gives one response per prompt, not n={n}")
         model = self.rollout if policy == "rollout" else self.policy
         flat = [p for p in prompts for _ in range(n)]
-        tokens = self.engine.sample(prompts, n, policy, greedy)
+        t0 = time.perf_counter()
+        tokens = self.engine.sample(prompts, n, policy, greedy)  # lists of ids: the device is done
+        t1 = time.perf_counter()
         scores = self.score(model, flat, tokens) if logprobs else None
         out = [Response(tuple(t), None if scores is None else tuple(scores[i, :len(t)].tolist()))
                for i, t in enumerate(tokens)]
+        self.timings["sample"] += t1 - t0
+        self.timings["logprobs"] += time.perf_counter() - t1
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
     def _token_logprobs(self, model, batch, n_response: int, with_entropy: bool = False):

@@ -36,6 +36,8 @@ from __future__ import annotations
 
 import copy
 import logging
+import time
+from collections import Counter
 from types import SimpleNamespace
 
 import numpy as np
@@ -166,6 +168,7 @@ class VerlBackend:
                                   "not wired into VerlBackend")
         self.cfg, self.rollout_manager, self.actor, self.checkpoint_manager = cfg, rollout_manager, actor, checkpoint_manager
         self.tokenizer, self.processor = tokenizer, processor
+        self.timings: Counter = Counter()  # seconds inside generate: all "sample" (vLLM returns the log-probs)
         self.task_name = task_name or cfg.task
         self.divisor, self.dp_size, self.micro_per_gpu = divisor, dp_size, micro_batch_size_per_gpu
         self.mini_batch_size = mini_batch_size or cfg.mini_batch_size
@@ -240,6 +243,7 @@ class VerlBackend:
         batch = self.prompts_to_dataproto(prompts, n)
         padded, pad = pad_dataproto_to_divisor(batch, self.divisor)
         temporary = policy == "current" and self.alpha_stale
+        t0 = time.perf_counter()
         if temporary:  # X2: pi_theta into the engine for this call only
             self._push("reeval_sync")
         try:
@@ -247,6 +251,7 @@ class VerlBackend:
         finally:
             if temporary:
                 self._restore_alpha()
+            self.timings["sample"] += time.perf_counter() - t0
         if "rollout_log_probs" not in out.batch.keys():
             raise VerlConfigError("the rollout returned no rollout_log_probs: set "
                                   "actor_rollout_ref.rollout.calculate_log_probs=True")

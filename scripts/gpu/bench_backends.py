@@ -175,8 +175,10 @@ def steps_summary(db: Path) -> dict:
     walls = [b[1] - a[1] for a, b in zip(rows, rows[1:])]
     later = [m for _, _, m in rows[1:]]
     med = lambda key: statistics.median(m.get(key) or 0.0 for m in later)
+    split = lambda key: med(key) if all(key in m for m in later) else None  # records since generate's split
     tokens = [m["rollouts"] * m["response_length"] for m in later]
     return dict(steps_recorded=len(rows), step_s=statistics.median(walls), generate_s=med("t_generate"),
+                generate_engine_s=split("t_generate_sample"), generate_logprobs_s=split("t_generate_logprobs"),
                 score_s=med("t_score"), train_s=med("t_train"), sync_s=med("t_sync"),
                 response_length=med("response_length"), rollouts=med("rollouts"),
                 generate_tokens_per_s=statistics.median(t / m["t_generate"] for t, m in zip(tokens, later)),
@@ -214,22 +216,24 @@ def report(files: list[Path]):
                      and not any(o.startswith("rollout_engine=") for o in r.get("overrides") or [])), None)
         print(f"\n## {shape}" + (f" (decode bound {b['tokens_per_s']:,.0f} tokens/s = {b['decode_step_ms']:.2f} ms "
                                   f"per step at {b['copy_rate_GBps']:.0f} GB/s, {b['card']})" if b else ""))
-        print("| backend | card | changed settings | step s | generate / score / train / sync s | response tokens "
-              "| generate tok/s | step x embedded | of bound | train tok/s |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| backend | card | changed settings | step s | generate / score / train / sync s "
+              "| of generate: engine / log-probs s | response tokens | generate tok/s | step x embedded | of bound "
+              "| train tok/s |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
             engine = next((o.split("=", 1)[1] for o in r.get("overrides") or [] if o.startswith("rollout_engine=")), None)
             label = (f"embedded ({engine} engine)" if engine else "embedded") if r["backend"] == "embedded" \
                 else f"verl, {r['gpus']} GPU, vLLM {r.get('vllm_mode', 'eager')}"
             changed = " ".join(r.get("overrides") or []) or "-"
             if "step_s" not in r:
-                print(f"| {label} | {card_model(r)} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | |")
+                print(f"| {label} | {card_model(r)} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | | |")
                 continue
             comparable = base and (card_model(base), settings(base)) == (card_model(r), settings(r))
             ratio = f"{base['step_s'] / r['step_s']:.2f}x" if comparable else "- (other card or settings)"
             frac = f"{r['generate_tokens_per_s'] / b['tokens_per_s']:.1%}" if b and card_model(b) == card_model(r) else "-"
+            where = " / ".join("-" if r.get(k) is None else f"{r[k]:.2f}" for k in ("generate_engine_s", "generate_logprobs_s"))
             print(f"| {label} | {card_model(r)} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {r['score_s']:.2f} / "
-                  f"{r['train_s']:.2f} / {r['sync_s']:.2f} | {r['rollouts']:.0f} x {r['response_length']:.0f} | "
+                  f"{r['train_s']:.2f} / {r['sync_s']:.2f} | {where} | {r['rollouts']:.0f} x {r['response_length']:.0f} | "
                   f"{r['generate_tokens_per_s']:,.0f} | {ratio} | {frac} | {r['train_tokens_per_s']:,.0f} |")
 
 
