@@ -327,9 +327,20 @@ def log_to_run(run_dir, task_name: str, result: dict, step: int | None = None) -
 # ----------------------------------------------------------------------------- `bapo eval`
 
 
-def run_eval(opts: EvalOptions) -> dict:
-    """The whole of `bapo eval` but the printing: returns the result as one JSON-able object."""
-    t0 = time.perf_counter()
+@dataclass
+class Setup:
+    """What an evaluation runs on: the task, its sets, the config and the policy to load."""
+    task: Task
+    sets: dict[str, list[Problem]]
+    options: dict
+    cfg: Config
+    model: str
+    checkpoint_dir: Path | None
+    run_dir: Path | None
+
+
+def setup(opts: EvalOptions) -> Setup:
+    """Resolve the policy, the task and its sets, and the config, as `bapo eval` does (nothing loaded yet)."""
     model, checkpoint_dir, run_config, run_dir = resolve_policy(opts.model, opts.checkpoint)
     task_name = opts.task or run_config.get("task")
     if not task_name:
@@ -344,24 +355,30 @@ def run_eval(opts: EvalOptions) -> dict:
     template = opts.template or (defaults.get("task_options") or {}).get("template")
     options = {**opts.options, **{k: v for k, v in (("source", opts.source), ("template", template)) if v is not None}}
     sets = load_sets(task, splits, options, opts.limit)
-    cfg = eval_config(opts, model, defaults)
-    backend = load_backend(cfg, checkpoint_dir)
-    per_set = evaluate(backend, task, sets, opts.k, quiet=opts.quiet, greedy=opts.temperature == 0,
-                       per_call=max(1, cfg.generate_batch_size // opts.k))
-    checkpoint = int(checkpoint_dir.name.removeprefix("step_")) if checkpoint_dir is not None else None
+    return Setup(task, sets, options, eval_config(opts, model, defaults), model, checkpoint_dir, run_dir)
+
+
+def run_eval(opts: EvalOptions) -> dict:
+    """The whole of `bapo eval` but the printing: returns the result as one JSON-able object."""
+    t0 = time.perf_counter()
+    s = setup(opts)
+    backend = load_backend(s.cfg, s.checkpoint_dir)
+    per_set = evaluate(backend, s.task, s.sets, opts.k, quiet=opts.quiet, greedy=opts.temperature == 0,
+                       per_call=max(1, s.cfg.generate_batch_size // opts.k))
+    checkpoint = int(s.checkpoint_dir.name.removeprefix("step_")) if s.checkpoint_dir is not None else None
     result = {
-        "model": opts.model, "policy": model if checkpoint_dir is None else str(checkpoint_dir), "checkpoint": checkpoint,
-        "task": task.name, "task_origin": task.origin, "verifier_version": task.version, "splits": list(sets),
-        "options": options,
-        "k": opts.k, "temperature": opts.temperature, "max_new_tokens": cfg.max_response_length,
+        "model": opts.model, "policy": s.model if s.checkpoint_dir is None else str(s.checkpoint_dir),
+        "checkpoint": checkpoint, "task": s.task.name, "task_origin": s.task.origin,
+        "verifier_version": s.task.version, "splits": list(s.sets), "options": s.options,
+        "k": opts.k, "temperature": opts.temperature, "max_new_tokens": s.cfg.max_response_length,
         "seed": opts.seed, "sets": per_set, "average": average(per_set),
         "run": None, "step": None, "not_recorded": None, "seconds": None,
     }
     if opts.run:
-        same_run = run_dir is not None and Path(opts.run).resolve() == run_dir.resolve()
+        same_run = s.run_dir is not None and Path(opts.run).resolve() == s.run_dir.resolve()
         step = opts.step if opts.step is not None else checkpoint if same_run else None
         try:
-            result["run"], result["step"] = str(opts.run), log_to_run(opts.run, task.name, result, step)
+            result["run"], result["step"] = str(opts.run), log_to_run(opts.run, s.task.name, result, step)
         except (sqlite3.Error, OSError, ValueError) as e:  # checked before, but a disk can fill or be remounted
             result["run"], result["not_recorded"] = None, f"{opts.run}: {type(e).__name__}: {e}"
     result["seconds"] = time.perf_counter() - t0

@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 from bapo_vl.config import Config, load_config
-from bapo_vl.evaluate import EvalOptions, run_eval
+from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, setup
 from bapo_vl.reader import migration as bin_migration
 from bapo_vl.record import RunRecord, query_ro
 from bapo_vl.train import checkpoint_steps, resume_config, train
@@ -240,8 +240,12 @@ def evaluate_policy(opts: StudyOptions, cfg, model: str, checkpoint: int | None,
                   template=cfg.task_options.get("template"), limit=opts.limit, options={},
                   max_new_tokens=cfg.max_response_length, batch_size=opts.eval_batch_size, device=cfg.device,
                   seed=seed, tasks_dirs=list(cfg.tasks_dirs), quiet=True)
-    sampled = run_eval(EvalOptions(**common, k=opts.k, temperature=1.0))["sets"][opts.split]
-    greedy = run_eval(EvalOptions(**common, k=1, temperature=0.0))["sets"][opts.split]
+    s = setup(EvalOptions(**common, k=opts.k, temperature=1.0))
+    backend = load_backend(s.cfg, s.checkpoint_dir)  # once for both passes
+    per_call = s.cfg.generate_batch_size
+    sampled = evaluate(backend, s.task, s.sets, opts.k, quiet=True, per_call=max(1, per_call // opts.k))[opts.split]
+    greedy = evaluate(backend, s.task, s.sets, 1, quiet=True, greedy=True, per_call=per_call)[opts.split]
+    del backend
     gc.collect()
     return {"greedy": greedy["mean@k"], "mean@k": sampled["mean@k"], "pass@k": sampled["pass@k"],
             "n": sampled["n"], "counts": sampled["problems"]}

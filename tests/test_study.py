@@ -278,3 +278,20 @@ def test_a_jobs_child_gets_every_setting_of_the_study():
         if f.name in unused:
             continue
         assert getattr(child, f.name) == own.get(f.name, getattr(opts, f.name)), f.name
+
+
+def test_one_policy_load_gives_what_two_bapo_eval_calls_give():
+    # Could fail if sharing one loaded policy between the sampled and the greedy pass changed a number (the random
+    # state the sampled pass starts from, the greedy pass's settings) against two separate `bapo eval` runs.
+    from bapo_vl.evaluate import EvalOptions, run_eval
+    from bapo_vl.study import evaluate_policy
+
+    opts = StudyOptions(k=4, limit=8)
+    cfg = load_config(overrides=[*SMALL, "device=cpu"])
+    row = evaluate_policy(opts, cfg, cfg.model, None, seed=5)
+    common = dict(model=cfg.model, task=cfg.task, splits=[opts.split], template="compact", limit=8, seed=5,
+                  max_new_tokens=cfg.max_response_length, device="cpu", quiet=True)
+    sampled = run_eval(EvalOptions(**common, k=4, temperature=1.0))["sets"][opts.split]
+    greedy = run_eval(EvalOptions(**common, k=1, temperature=0.0))["sets"][opts.split]
+    assert row == {"greedy": greedy["mean@k"], "mean@k": sampled["mean@k"], "pass@k": sampled["pass@k"],
+                   "n": sampled["n"], "counts": sampled["problems"]}
