@@ -12,7 +12,9 @@ at temperature 1 until EOS or the response budget: tokens/s, ms per decode step 
 the engine ran: for `model.generate` the sum over its chunks of each chunk's longest response; for vLLM, which
 batches continuously, the longest response), peak allocated and reserved memory. With `--engine vllm` the same
 prompts also go through the engine's `LLM.generate` directly (plain vLLM, our integration's cost is the gap). With
-`--engine transformers` on a text shape, transformers' continuous batching (`generate_batch`) is probed too.
+`--engine transformers` on a text shape, the same engine with transformers' own SDPA (`transformers-sdpa`: the path
+before `bapo_vl/backends/gqa_decode.py`, the ratios' baseline) and transformers' continuous batching
+(`generate_batch`) are measured too.
 `update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens, after one warm-up: tokens/s,
 MFU (6 N T + causal attention FLOPs over the card's dense bf16 peak), peak allocated / reserved memory; with
 `--profile`, torch.profiler's top operators of one more update (what bounds the MFU).
@@ -92,6 +94,7 @@ def measure(name: str, fn, chunk: int | None) -> dict:
 
 
 def engine_bench(a) -> dict:
+    from bapo_vl.backends import gqa_decode
     from bapo_vl.backends.embedded import EmbeddedBackend
     from bapo_vl.train import load_problems
 
@@ -112,7 +115,12 @@ def engine_bench(a) -> dict:
                                                    chunk)))
         if engine.name == "vllm":
             rows.append(dict(prompts=n, G=G, **measure("vllm-plain", lambda: plain_vllm(engine, prompts, G), None)))
-        elif not backend.is_vl and a.probe_cb:
+        elif backend.rollout.config._attn_implementation == gqa_decode.NAME:  # the same with transformers' SDPA
+            backend.rollout.set_attn_implementation("sdpa")
+            rows.append(dict(prompts=n, G=G, **measure("transformers-sdpa",
+                                                       lambda: engine.sample(prompts, G, "rollout", False), chunk)))
+            backend.rollout.set_attn_implementation(gqa_decode.NAME)
+        if engine.name == "transformers" and not backend.is_vl and a.probe_cb:
             rows.append(dict(prompts=n, G=G, **probe_continuous_batching(backend, prompts, G)))
     return dict(kind="engine", shape=a.shape, engine=engine.name, card=card(), model=str(a.model), overrides=a.set,
                 engine_start_s=start_s, max_response_length=cfg.max_response_length, rows=rows)
@@ -210,13 +218,17 @@ def report(files: list[Path]):
     for shape in dict.fromkeys(r["shape"] for r in engines):
         rows = [(r, row) for r in engines if r["shape"] == shape for row in r["rows"]]
         # the baseline: model.generate on the same card, prompts and work (engine options and the chunk size change
-        # only how), with its default chunk size where a row has it (else the first given)
+        # only how), with its default chunk size where a row has it (else the first given), and with transformers'
+        # own SDPA where the row has it (the path before gqa_decode)
         work = lambda r: tuple(o for o in r.get("overrides", []) if not o.startswith(HOW))  # noqa: E731
-        base = {}
+        ranked = {}  # key -> (rank, row): untuned before tuned, then transformers-sdpa before transformers
         for r, row in rows:
-            key, tuned = (card_model(r), row["prompts"], work(r)), any(o.startswith(HOW) for o in r.get("overrides", []))
-            if row["path"] == "transformers" and (key not in base or not tuned):
-                base[key] = row
+            if row["path"] in ("transformers", "transformers-sdpa"):
+                key = (card_model(r), row["prompts"], work(r))
+                rank = (any(o.startswith(HOW) for o in r.get("overrides", [])), row["path"] != "transformers-sdpa")
+                if key not in ranked or rank < ranked[key][0]:
+                    ranked[key] = (rank, row)
+        base = {key: row for key, (_, row) in ranked.items()}
         print(f"\n## engines, {shape} shape")
         print("| path | card | settings | prompts x G | tokens/s | ms / decode step | mean / longest | x model.generate "
               "| of bound | peak alloc / reserved GB |")

@@ -24,7 +24,9 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
     run(ROOT / "scripts" / "bench_gpu.py", "engine", "--engine", "transformers", "--shape", "text", "--model", POLICY,
         "--prompts", "2,4", "--no-probe-cb", "--out", engine, *settings, cwd=tmp_path)
     rows = json.loads(engine.read_text())["rows"]
-    assert [(r["prompts"], r["sequences"]) for r in rows] == [(2, 16), (4, 32)]
+    # each size with gqa_decode's attention (the engine) and with transformers' SDPA (the path before it)
+    assert [(r["path"], r["prompts"], r["sequences"]) for r in rows] == [
+        ("transformers", 2, 16), ("transformers-sdpa", 2, 16), ("transformers", 4, 32), ("transformers-sdpa", 4, 32)]
     for r in rows:  # model.generate in chunks of 8 rows, each chunk decoded to its longest row
         chunks = (r["sequences"] + 7) // 8
         assert 0 < r["tokens"] <= 8 * r["sequences"] and r["longest"] <= 8
@@ -38,11 +40,15 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
     run(ROOT / "scripts" / "bench_gpu.py", "engine", "--engine", "transformers", "--shape", "text", "--model", POLICY,
         "--prompts", "4", "--no-probe-cb", "--out", wide, *settings[:-1], "generate_batch_size=16", cwd=tmp_path)
     table = run(ROOT / "scripts" / "bench_gpu.py", "report", engine, wide, update)
-    assert "| transformers | cpu | device=cpu max_response_length=8 generate_batch_size=8 | 2 x 8 |" in table
+    assert "16 x 1,024 tokens" in table
     lines = table.splitlines()
-    assert all("| 1.00x |" in x for x in lines if "generate_batch_size=8 |" in x) and "16 x 1,024 tokens" in table
-    ratio = json.loads(wide.read_text())["rows"][0]["tokens_per_s"] / rows[1]["tokens_per_s"]
-    assert [x for x in lines if "generate_batch_size=16 | 4 x 8 |" in x][0].count(f"| {ratio:.2f}x |") == 1
+    # every row against transformers' SDPA at the default chunk size, same prompts: the chunk size and the
+    # attention change how, not what
+    sdpa = {r["prompts"]: r for r in rows if r["path"] == "transformers-sdpa"}
+    for chunk, file in ((8, engine), (16, wide)):
+        for r in json.loads(file.read_text())["rows"]:
+            line = [x for x in lines if f"| {r['path']} | cpu |" in x and f"generate_batch_size={chunk} | {r['prompts']} x 8 |" in x]
+            assert len(line) == 1 and f"| {r['tokens_per_s'] / sdpa[r['prompts']]['tokens_per_s']:.2f}x |" in line[0]
 
 
 def test_reports_of_the_committed_two_h200_results():

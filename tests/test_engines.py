@@ -148,3 +148,38 @@ def test_vl_prompts_keep_the_text_and_images_a_vllm_engine_processes(tmp_path, g
         again = fresh(text=[raw["prompt"]], images=raw["multi_modal_data"]["image"], return_tensors="pt")
         assert torch.equal(again["input_ids"][0], enc["input_ids"])
         assert torch.equal(again["pixel_values"], enc["pixel_values"])
+
+
+def test_decode_attention_without_kv_copies_changes_no_answer(backend, monkeypatch):
+    # Could fail if gqa_decode's view of the query heads paired a query head with the wrong key/value head, dropped
+    # the padding mask (these prompts have different lengths, so rows are left-padded), were not what the engine's
+    # decode steps ran, or changed training's attention (it must leave prefill and q_len > 1 to transformers).
+    import copy
+
+    from bapo_vl.backends import gqa_decode
+
+    model = backend.rollout
+    assert model.config._attn_implementation == gqa_decode.NAME
+    assert backend.policy.config._attn_implementation == gqa_decode.NAME
+    plain = copy.deepcopy(model)
+    plain.set_attn_implementation("sdpa")
+    encoded = [backend.encode(p) for p in get_task("countdown").load(split="train", template="compact")[:40]]
+    prompts = list({len(p["input_ids"]): p for p in encoded}.values())[:4]  # of different lengths: left padding
+    assert len(prompts) > 1
+    batch = backend._collate(prompts)
+    batch.pop("P")
+    batch.pop("position_ids", None)
+    shapes = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention",
+                        lambda q, *a, **kw: shapes.append(tuple(q.shape)) or sdpa(q, *a, **kw))
+    greedy = dict(generation_config=backend.greedy, output_scores=True, return_dict_in_generate=True)
+    ours = model.generate(**batch, **greedy)
+    H, H_kv = model.config.num_attention_heads, model.config.num_key_value_heads
+    assert (len(prompts), H_kv, H // H_kv, model.config.hidden_size // H) in shapes  # a decode step, packed
+    shapes.clear()
+    theirs = plain.generate(**batch, **greedy)
+    assert all(s[1] == H for s in shapes)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    for a, b in zip(ours.scores, theirs.scores):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -68,12 +68,17 @@ class TransformersEngine:
     re-evaluation needs no weight swap since both models are resident. Rows that finished early still ride along
     until the chunk's longest row ends. transformers' continuous batching (`generate_batch`) was measured as the
     alternative and is not used: 0.85x this path's tokens/s at 64 x 8 x 512 on an H200, holding 132 GB
-    (scripts/bench_gpu.py, docs/results.md)."""
+    (scripts/bench_gpu.py, docs/results.md). Text models with grouped key/value heads decode with
+    `gqa_decode`'s attention (no copy of the KV cache per step; prefill and training are unchanged)."""
 
     name = "transformers"
 
     def __init__(self, backend):
+        from bapo_vl.backends import gqa_decode
+
         self.backend = backend
+        for model in {id(m): m for m in (backend.rollout, backend.policy)}.values():
+            gqa_decode.use(model)
 
     def sample(self, prompts, n, policy, greedy):
         b = self.backend
