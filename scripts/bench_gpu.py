@@ -17,7 +17,8 @@ before `bapo_vl/backends/gqa_decode.py`, the ratios' baseline) and transformers'
 (`generate_batch`) are measured too.
 `update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens, after one warm-up: tokens/s,
 MFU (6 N T + causal attention FLOPs over the card's dense bf16 peak), peak allocated / reserved memory; with
-`--profile`, torch.profiler's top operators of one more update (what bounds the MFU).
+`--profile`, torch.profiler's top operators of one more update (what bounds the MFU); with `--compile`, the policy's
+decoder runs under torch.compile (an A/B of fused element-wise kernels).
 Each call is one process (engines never share a process); `report` prints ratios only between rows of one card.
 """
 from __future__ import annotations
@@ -159,6 +160,8 @@ def update_bench(a) -> dict:
     cfg = _config("text", a.model, "transformers", None, ["mini_batch_size=2", "micro_batch_size=16",
                                                           "max_prompt_length=64", "max_response_length=960", *a.set])
     backend = EmbeddedBackend(cfg)
+    if a.compile:  # an experiment, not a setting of the backend: fused element-wise kernels for the decoder
+        backend.policy.model.compile(dynamic=True)
     gen = torch.Generator().manual_seed(0)
     vocab = backend.policy.config.vocab_size
     prompt_ids = [torch.randint(3, vocab - 8, (64,), generator=gen) for _ in range(2)]
@@ -171,7 +174,7 @@ def update_bench(a) -> dict:
                    for g, rs in enumerate(responses))
     batch = UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=tuple((1.0, 0.0) * 4 for _ in prompts),
                         advantages=tuple((1.0, -1.0) * 4 for _ in prompts), step=1)
-    backend.update(batch)  # warm-up
+    backend.update(batch)  # warm-up (and torch.compile's compilation)
     times = []
     _reset()
     for _ in range(a.repeat):
@@ -186,7 +189,8 @@ def update_bench(a) -> dict:
     flops = 6 * n_params * tokens + 6 * c.num_hidden_layers * c.hidden_size * T * T * 16  # causal attention: half of 12
     peak = next((v for k, v in PEAK_BF16.items() if k in card()), None)
     memory = _memory()  # of the timed updates, before the profiled one
-    return dict(kind="update", card=card(), model=str(a.model), sequences=16, tokens=tokens, seconds=seconds,
+    return dict(kind="update", card=card(), model=str(a.model), compiled=a.compile, sequences=16, tokens=tokens,
+                seconds=seconds,
                 tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
                 mfu=flops / seconds / peak if peak else None, **memory,
                 profile=profile(lambda: backend.update(batch)) if a.profile else None)
@@ -255,7 +259,7 @@ def report(files: list[Path]):
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         if r.get("profile"):
             print(f"\nupdate profile ({card_model(r)}):\n{r['profile']}")
-        print(f"\nupdate ({card_model(r)}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
+        print(f"\nupdate ({card_model(r)}{', torch.compile' if r.get('compiled') else ''}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, MFU {mfu}" + (
                   f"; peak allocated {r['peak_allocated_GB']:.1f} GB, reserved {r['peak_reserved_GB']:.1f} GB "
                   f"({r['peak_reserved_GB'] / r['peak_allocated_GB']:.2f}x)" if "peak_allocated_GB" in r else ""))
@@ -273,6 +277,8 @@ def main():
     u = sub.add_parser("update")
     u.add_argument("--repeat", type=int, default=3)
     u.add_argument("--profile", action="store_true", help="one more update under torch.profiler: its top operators")
+    u.add_argument("--compile", action="store_true", help="torch.compile the policy's decoder first (an A/B: does "
+                   "fusing its element-wise work raise the MFU?)")
     for p in (e, u):
         p.add_argument("--model", type=Path, required=True)
         p.add_argument("--out", type=Path, required=True)

@@ -35,12 +35,16 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
         "--set", "device=cpu", cwd=tmp_path)
     u = json.loads(update.read_text())
     assert u["tokens"] == 16 * 1024 and u["seconds"] > 0 and u["mfu"] is None  # no peak FLOP/s for a CPU
+    compiled = tmp_path / "compiled.json"  # the A/B arm: the decoder under torch.compile (CPU: inductor's C++)
+    run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--out", compiled,
+        "--set", "device=cpu", "--compile", cwd=tmp_path)
+    assert json.loads(compiled.read_text())["compiled"] and not u["compiled"]
     # the same work in chunks of 16 rows: compared with the chunks of 8 (the chunk size changes how, not what)
     wide = tmp_path / "wide.json"
     run(ROOT / "scripts" / "bench_gpu.py", "engine", "--engine", "transformers", "--shape", "text", "--model", POLICY,
         "--prompts", "4", "--no-probe-cb", "--out", wide, *settings[:-1], "generate_batch_size=16", cwd=tmp_path)
-    table = run(ROOT / "scripts" / "bench_gpu.py", "report", engine, wide, update)
-    assert "16 x 1,024 tokens" in table
+    table = run(ROOT / "scripts" / "bench_gpu.py", "report", engine, wide, update, compiled)
+    assert "update (cpu): 16 x 1,024 tokens" in table and "update (cpu, torch.compile): 16 x 1,024 tokens" in table
     lines = table.splitlines()
     # every row against transformers' SDPA at the default chunk size, same prompts: the chunk size and the
     # attention change how, not what

@@ -7,8 +7,8 @@
 # Not run yet, for a 2-GPU machine (QUEUES="vl20 vl1"): vl20 (card 0) the 2.0 B VL shape on verl, 1 GPU, for 20
 # steps, and its final/ loaded with from_pretrained; vl1 (card 1) the embedded VL row for 4 steps (does step 2's
 # gradient norm come out non-finite again? the update now skips such a step and names the tensors), the two VL
-# engines' decode benches, model.generate with gqa_decode's attention against transformers' SDPA (text, 64 x 8), and
-# the VL row with the vLLM engine.
+# engines' decode benches, model.generate with gqa_decode's attention against transformers' SDPA (text, 64 x 8), the
+# update with and without torch.compile (does fusing the element-wise work lift the MFU?), and the VL row with vLLM.
 #                           usage: setsid queues.sh QUEUE REPO   (QUEUE: 0, 1, vl20 or vl1; DRY=1: print only)
 C=$1; R=$2; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
 K=${C#vl}; K=${K/20/0}  # the card: 0, 1, vl20 -> 0, vl1 -> 1
@@ -51,6 +51,8 @@ vl1) plain
    T vl-embedded4 python3 $B train $VL --backend embedded --steps 4 --set micro_batch_size=2 --cuda 1 --run-dir /tmp/runs --out $J/vl-embedded4.json
    T engine-vl-tf python3 $G engine --engine transformers $VL --prompts 16 --no-probe-cb --out $J/engine-vl-transformers.json
    T engine-text-tf python3 $G engine --engine transformers $TEXT --prompts 64 --no-probe-cb --out $J/engine-text-transformers.json
+   T update python3 $G update --model /tmp/models/text --out $J/update.json
+   T update-compiled python3 $G update --model /tmp/models/text --compile --out $J/update-compiled.json
    stack
    T engine-vl-vllm python3 $G engine --engine vllm $VL --prompts 16 --out $J/engine-vl-vllm.json
    T vl-embedded-vllm python3 $B train $VL --backend embedded --steps 2 --set micro_batch_size=2 rollout_engine=vllm --cuda 1 --run-dir /tmp/runs --out $J/vl-embedded-vllm.json
