@@ -9,9 +9,9 @@ Sequence layout shared by both: [left pad][prompt][response][right pad], every r
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
-from collections import Counter
 from typing import Any, Callable, Literal, Protocol, runtime_checkable
 
 import torch
