@@ -5,7 +5,7 @@ attention mask is given (`repeat_kv`), which a batch of left-padded prompts alwa
 of the 0.36 B shape that is ~0.5 GB written per layer per decode step, and the attention then reads 7x the cache it
 needs. For one new token per row the same attention is a plain one over the key/value heads: the query heads that
 share a key/value head become that head's query rows (the padding mask is the same for all of them), so
-(B, H, 1, D) queries are viewed as (B, H_kv, H / H_kv, D) and nothing is copied. Prefill, training and models
+(B, H, 1, D) queries are read as (B, H_kv, H / H_kv, D) and the cache is not copied. Prefill, training and models
 without grouped heads go through transformers' own SDPA function unchanged.
 
 `use(model)` switches a text model to it; it changes no result beyond float summation order
@@ -27,7 +27,7 @@ def attention(module, query, key, value, attention_mask, dropout: float = 0.0, s
     if q_len != 1 or H_kv == H or attention_mask is None or dropout:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout, scaling, is_causal, **kwargs)
     out = torch.nn.functional.scaled_dot_product_attention(  # (B, H_kv, H / H_kv, D): query head k * g + j -> [k, j]
-        query.view(B, H_kv, H // H_kv, D), key, value, attn_mask=attention_mask, scale=scaling)
+        query.reshape(B, H_kv, H // H_kv, D), key, value, attn_mask=attention_mask, scale=scaling)
     return out.reshape(B, 1, H, D), None  # transformers' layout: (B, q_len, H, D)
 
 
