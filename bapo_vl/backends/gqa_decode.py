@@ -9,7 +9,7 @@ share a key/value head become that head's query rows (the padding mask is the sa
 without grouped heads go through transformers' own SDPA function unchanged.
 
 `use(model)` switches a text model to it; it changes no result beyond float summation order
-(tests/test_engines.py: greedy answers identical, log-probs to 1e-5)."""
+(tests/test_engines.py: greedy answers identical, every decode step's scores to 1e-5)."""
 from __future__ import annotations
 
 import torch
