@@ -313,15 +313,14 @@ class EmbeddedBackend:
                 micro_metrics = [self._backward(micro, prompts, responses, terms, n_tokens, len(idx))
                                  for micro in _chunks(idx, cfg.micro_batch_size)]
                 grad_norm = clipped_step(self.optimizer, self.policy, cfg.grad_clip, batch.step)
-                per_mini.append(_combine(micro_metrics) | {"grad_norm": grad_norm,
-                                                           "skipped_steps": float(not math.isfinite(grad_norm))})
+                per_mini.append(_combine(micro_metrics) | {"grad_norm": grad_norm})
                 if self.critic is not None:
                     per_mini[-1] |= self._critic_step(idx, prompts, responses, values, returns, mask, n_tokens,
                                                       batch.step)
         if not per_mini:
             return {}
         out = {k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]}
-        out["skipped_steps"] = sum(m["skipped_steps"] for m in per_mini)  # a count, not a mean
+        out["skipped_steps"] = sum(not math.isfinite(m["grad_norm"]) for m in per_mini)  # clipped_step skipped them
         return out
 
     def _backward(self, micro, prompts, responses, terms: dict, n_tokens, n_seqs) -> dict:

@@ -112,7 +112,7 @@ FIXED_BY_CONFIG = {"model", "dtype", "seed", "enable_sleep_mode", "max_model_len
 class VllmEngine:
     """A colocated vLLM engine holding alpha, as TRL's colocate mode does (vLLM 0.24). Its protocol is checked on a
     GPU by scripts/gpu/engine_checks.py (behaviour log-probs, stale alpha, X2 and restore, sleep/wake, sync: all
-    passed for a text model on an H200 and an H100); on CPU only its selection and the missing-package error are tested.
+    passed for a text model on an H200 and an H100, for Qwen2.5-VL on an H200); on CPU only its selection and the missing-package error are tested.
 
     - sync (every v steps): alpha's new weights are loaded in place through `collective_rpc` into the worker's model
       (`load_weights`), which needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine runs in this process).
@@ -190,6 +190,6 @@ class VllmEngine:
 
     def wake(self):
         # hand the update's freed blocks back from torch's cache before vLLM maps its memory again: the 2 B VL
-        # shape's wake ran out of memory on an 80 GB card while torch still held them (not yet rerun with this)
+        # shape's wake ran out of memory on an 80 GB card while torch still held them (rerun on a 141 GB card only)
         torch.cuda.empty_cache()
         self.llm.wake_up()
