@@ -4,7 +4,7 @@
 # Each queue runs its plain jobs (no stack on the path: the embedded backend as it is today), waits for the unpacked
 # stack (/tmp/site/.unpacked, device_session.sh q4), runs its stack jobs and writes /tmp/bench/doneCARD; queue 0 then
 # waits for queue 1 and runs the 2-GPU verl rows (queues 0 and 1 ran on 2 x H200 on 2026-11-27: docs/results.md).
-# Not run yet, for a 2-GPU machine (QUEUES="vl20 vl1"): vl20 (card 0) the 2.0 B VL shape on verl, 1 GPU, for 20
+# Not run yet, for a 2-GPU machine (QUEUES="vl20 vl1"): vl20 (card 0) the 2.0 B VL shape on verl, 1 GPU, 8 prompts x 8 for 20
 # steps, and its final/ loaded with from_pretrained; vl1 (card 1) the embedded VL row for 4 steps (does step 2's
 # gradient norm come out non-finite again? the update now skips such a step and names the tensors), the two VL
 # engines' decode benches, model.generate with gqa_decode's attention against transformers' SDPA (text, 64 x 8), the
@@ -43,16 +43,16 @@ case $C in
    T engine-text-vllm512 python3 $G engine --engine vllm $TEXT --prompts 256 --set "vllm_options={max_num_seqs: 512}" --out $J/engine-text-vllm512.json
    touch $J/done1;;
 vl20) stack
-   T vl-verl1-20 python3 $B train $VL --backend verl --gpus 1 --cuda 0 --steps 20 --keep-weights --run-dir /tmp/runs --timeout 1700 --out $J/vl-verl1-20.json
+   T vl-verl1-20 python3 $B train $VL --backend verl --gpus 1 --cuda 0 --steps 20 --set batch_size=8 mini_batch_size=8 --keep-weights --run-dir /tmp/runs --timeout 1700 --out $J/vl-verl1-20.json
    T vl-verl1-final python3 -c "import sys; from transformers import AutoModelForImageTextToText as M, AutoProcessor as P; m = M.from_pretrained(sys.argv[1]); P.from_pretrained(sys.argv[1]); print(type(m).__name__, sum(p.numel() for p in m.parameters()))" /tmp/runs/bench-vl-verl1/final
    rm -rf /tmp/runs/bench-vl-verl1/final /tmp/runs/bench-vl-verl1/checkpoints
    until [ -f $J/done1 ]; do sleep 2; done; touch $J/done;;
 vl1) plain
-   T vl-embedded4 python3 $B train $VL --backend embedded --steps 4 --set micro_batch_size=2 --cuda 1 --run-dir /tmp/runs --out $J/vl-embedded4.json
-   T engine-vl-tf python3 $G engine --engine transformers $VL --prompts 16 --no-probe-cb --out $J/engine-vl-transformers.json
    T engine-text-tf python3 $G engine --engine transformers $TEXT --prompts 64 --no-probe-cb --out $J/engine-text-transformers.json
+   T engine-vl-tf python3 $G engine --engine transformers $VL --prompts 16 --no-probe-cb --out $J/engine-vl-transformers.json
    T update python3 $G update --model /tmp/models/text --out $J/update.json
    T update-compiled python3 $G update --model /tmp/models/text --compile --out $J/update-compiled.json
+   T vl-embedded4 python3 $B train $VL --backend embedded --steps 4 --set micro_batch_size=2 --cuda 1 --run-dir /tmp/runs --out $J/vl-embedded4.json
    stack
    T engine-vl-vllm python3 $G engine --engine vllm $VL --prompts 16 --out $J/engine-vl-vllm.json
    T vl-embedded-vllm python3 $B train $VL --backend embedded --steps 2 --set micro_batch_size=2 rollout_engine=vllm --cuda 1 --run-dir /tmp/runs --out $J/vl-embedded-vllm.json
