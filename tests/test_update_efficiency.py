@@ -179,3 +179,29 @@ def test_a_non_finite_gradient_skips_the_optimizer_step_and_keeps_the_weights(tm
     after = backend.policy.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())
     assert not all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_the_update_attends_without_cudnn_and_leaves_the_setting_as_it_was(tmp_path, monkeypatch):
+    # Could fail if the update's forward/backward could pick cuDNN's attention, whose backward returns NaN query
+    # gradients for left-padded micro-batches of length 64 mod 128 on H100/H200 (pytorch/pytorch#196678: every other
+    # step of the 2.0 B VL shape skipped, docs/results.md), or if the setting leaked into the rest of the process.
+    # CPU cannot run that kernel; what it shows is the backends each real attention call of an update was allowed.
+    from bapo_vl.backends.base import Response, UpdateBatch
+
+    backend = make("countdown-tiny", tmp_path, micro_batch_size=2, mini_batch_size=2)
+    problems = get_task("countdown").load(split="train", template="compact")[:2]
+    prompts = [backend.encode(p) for p in problems]
+    responses = [[(40, 41, 42), (43, 44)], [(45,), (46, 47, 48, 49)]]
+    groups = tuple(tuple(Response(r, (-1.0,) * len(r)) for r in rs) for rs in responses)
+    batch = UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=((1.0, 0.0), (0.0, 1.0)),
+                        advantages=((1.0, -1.0), (-1.0, 1.0)))
+    sdpa, allowed = torch.nn.functional.scaled_dot_product_attention, []
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: allowed.append(
+        (torch.backends.cuda.cudnn_sdp_enabled(), torch.backends.cuda.flash_sdp_enabled(),
+         torch.backends.cuda.mem_efficient_sdp_enabled())) or sdpa(*a, **k))
+    backend.generate(prompts, 2)
+    assert allowed and all(cudnn for cudnn, *_ in allowed)  # generation keeps the defaults
+    allowed.clear()
+    assert backend.update(batch)["grad_norm"] > 0
+    assert len(allowed) >= 2 * 2 and all(not cudnn and flash and efficient for cudnn, flash, efficient in allowed)
+    assert torch.backends.cuda.cudnn_sdp_enabled()

@@ -19,6 +19,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
@@ -32,6 +33,10 @@ log = logging.getLogger(__name__)
 POLICY_DIR = Path(__file__).resolve().parent.parent / "policy"
 CHECKPOINT = "backend.pt"  # what save_checkpoint writes into a checkpoint folder
 LOGIT_ROWS = 512  # response tokens whose full-vocabulary logits are materialised at once (x V floats each)
+# Attention kernels the update may use: all but cuDNN's, whose backward (torch 2.11+, H100/H200) returns NaN query
+# gradients when a mask is given, the length is 64 mod 128 and a row attends to nothing (left padding):
+# pytorch/pytorch#196678. It skipped every other step of the 2.0 B VL shape (docs/results.md).
+UPDATE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 def resolve_model(name: str) -> str:
@@ -273,7 +278,8 @@ class EmbeddedBackend:
     def update(self, batch: UpdateBatch) -> dict:
         self.engine.sleep()  # a colocated engine hands its memory to the update
         try:
-            return self._update(batch)
+            with sdpa_kernel(UPDATE_ATTENTION):
+                return self._update(batch)
         finally:
             self.engine.wake()
 
