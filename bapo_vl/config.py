@@ -148,6 +148,9 @@ class Config:
     """tokens generated per response at most"""
     generate_batch_size: int = within(256, Range(ge=1))
     """sequences per generate call"""
+    score_batch_size: int = within(32, Range(ge=1))
+    """sequences per forward when scoring log-probs without gradients (behaviour, proximal, reference): larger than
+    micro_batch_size, which is sized for the update's activations (verl: log_prob_micro_batch_size_per_gpu)"""
 
     # --- BAPO batch adaptation ---
     delay: int = within(5, Range(ge=1), "delay=1 is on-policy")

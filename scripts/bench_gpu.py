@@ -15,6 +15,8 @@ prompts also go through the engine's `LLM.generate` directly (plain vLLM, our in
 `--engine transformers` on a text shape, the same engine with transformers' own SDPA (`transformers-sdpa`: the path
 before `bapo_vl/backends/gqa_decode.py`, the ratios' baseline) and transformers' continuous batching
 (`generate_batch`) are measured too.
+`score`: behaviour scoring (`backend.score`, the no-grad forward over sampled responses that `generate` runs after the
+engine) of prompts x 8 random responses at each `score_batch_size`, against the update's micro_batch_size.
 `update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens, after one warm-up: tokens/s,
 MFU (6 N T + causal attention FLOPs over the card's dense bf16 peak), peak allocated / reserved memory; with
 `--profile`, torch.profiler's top operators of one more update (what bounds the MFU); with `--compile`, the policy's
@@ -24,6 +26,7 @@ Each call is one process (engines never share a process); `report` prints ratios
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import json
 import sys
@@ -112,9 +115,11 @@ def engine_bench(a) -> dict:
     rows = []
     for n in a.prompts:
         prompts = encoded[:n]
+        _cold(engine)
         rows.append(dict(prompts=n, G=G, **measure(engine.name, lambda: engine.sample(prompts, G, "rollout", False),
                                                    chunk)))
         if engine.name == "vllm":
+            _cold(engine)
             rows.append(dict(prompts=n, G=G, **measure("vllm-plain", lambda: plain_vllm(engine, prompts, G), None)))
         elif backend.rollout.config._attn_implementation == gqa_decode.NAME:  # the same with transformers' SDPA
             backend.rollout.set_attn_implementation("sdpa")
@@ -125,6 +130,43 @@ def engine_bench(a) -> dict:
             rows.append(dict(prompts=n, G=G, **probe_continuous_batching(backend, prompts, G)))
     return dict(kind="engine", shape=a.shape, engine=engine.name, card=card(), model=str(a.model), overrides=a.set,
                 engine_start_s=start_s, max_response_length=cfg.max_response_length, rows=rows)
+
+
+def score_bench(a) -> dict:
+    """Behaviour scoring (the trainer's no-grad forward over sampled responses) of prompts x G responses at each
+    score_batch_size, against the update's micro_batch_size (how it was scored before score_batch_size)."""
+    import torch
+
+    from bapo_vl.backends.embedded import EmbeddedBackend
+    from bapo_vl.train import load_problems
+
+    backend = EmbeddedBackend(_config(a.shape, a.model, "transformers", a.source, a.set))
+    _, problems = load_problems(backend.cfg)
+    cfg, G, n = backend.cfg, backend.cfg.group_size, max(a.prompts)
+    prompts = [p for p in (backend.encode(q) for q in problems[:n]) for _ in range(G)]
+    gen = torch.Generator().manual_seed(0)
+    vocab = backend.tokenizer.vocab_size  # ordinary tokens: no image placeholder in a response
+    lengths = torch.randint(cfg.max_response_length // 2, cfg.max_response_length + 1, (len(prompts),), generator=gen)
+    responses = [torch.randint(3, vocab, (int(k),), generator=gen).tolist() for k in lengths]
+    rows = []
+    for size in dict.fromkeys([cfg.micro_batch_size, *a.batch]):
+        backend.cfg = dataclasses.replace(cfg, score_batch_size=size)
+        backend.score(backend.rollout, prompts[:size], responses[:size])  # warm-up
+        _reset()
+        t0 = time.perf_counter()
+        backend.score(backend.rollout, prompts, responses)
+        _sync()
+        rows.append(dict(score_batch_size=size, seconds=time.perf_counter() - t0, **_memory()))
+    return dict(kind="score", shape=a.shape, card=card(), model=str(a.model), overrides=a.set, sequences=len(prompts),
+                tokens=int(lengths.sum()), micro_batch_size=cfg.micro_batch_size, rows=rows)
+
+
+def _cold(engine):
+    """vLLM keeps prompt prefixes and processed images between calls: each row starts without them, as a training
+    step's new prompts do (before this, the plain-vLLM row ran second and reused the first row's images: 0.74x)."""
+    if engine.name == "vllm":
+        engine.llm.reset_prefix_cache()
+        engine.llm.reset_mm_cache()
 
 
 def plain_vllm(engine, prompts, G) -> list[list[int]]:
@@ -255,6 +297,15 @@ def report(files: list[Path]):
             print(f"| {row['path']} | {card_model(r)} | {' '.join(r.get('overrides', [])) or '-'} | {row['prompts']} x {row['G']} | {row['tokens_per_s']:,.0f} | "
                   f"{row['ms_per_decode_step']:.2f} | {row['mean_length']:.0f} / {row['longest']} | {ratio} | {frac} "
                   f"| {mem} |")
+    for r in (r for r in results if r["kind"] == "score"):
+        base = next(row for row in r["rows"] if row["score_batch_size"] == r["micro_batch_size"])
+        print(f"\n## behaviour scoring, {r['shape']} shape ({card_model(r)}): {r['sequences']} sequences, "
+              f"{r['tokens']:,} response tokens")
+        print("| score_batch_size | seconds | x micro_batch_size | peak alloc / reserved GB |")
+        print("| --- | --- | --- | --- |")
+        for row in r["rows"]:
+            print(f"| {row['score_batch_size']}{' (micro_batch_size)' if row is base else ''} | {row['seconds']:.2f} | "
+                  f"{base['seconds'] / row['seconds']:.2f}x | {row.get('peak_allocated_GB', 0):.1f} / {row.get('peak_reserved_GB', 0):.1f} |")
     for r in (r for r in results if r["kind"] == "update"):
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         if r.get("profile"):
@@ -274,12 +325,18 @@ def main():
     e.add_argument("--prompts", type=lambda s: [int(x) for x in s.split(",")], default=[64, 256])
     e.add_argument("--source", help="Geometry3K data folder (vl shape)")
     e.add_argument("--no-probe-cb", dest="probe_cb", action="store_false", help="skip the generate_batch probe")
+    s = sub.add_parser("score")
+    s.add_argument("--prompts", type=lambda v: [int(x) for x in v.split(",")], default=[16])
+    s.add_argument("--batch", type=lambda v: [int(x) for x in v.split(",")], default=[8, 16, 32, 64],
+                   help="score_batch_size values to time (micro_batch_size is timed too, first)")
+    s.add_argument("--shape", choices=SHAPES, required=True)
+    s.add_argument("--source", help="Geometry3K data folder (vl shape)")
     u = sub.add_parser("update")
     u.add_argument("--repeat", type=int, default=3)
     u.add_argument("--profile", action="store_true", help="one more update under torch.profiler: its top operators")
     u.add_argument("--compile", action="store_true", help="torch.compile the policy's decoder first (an A/B: does "
                    "fusing its element-wise work raise the MFU?)")
-    for p in (e, u):
+    for p in (e, s, u):
         p.add_argument("--model", type=Path, required=True)
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--set", nargs="*", default=[], help="more Config fields, KEY=VALUE (e.g. device=cpu)")
@@ -287,6 +344,8 @@ def main():
     a = ap.parse_args()
     if a.cmd == "engine":
         _write(a.out, engine_bench(a))
+    elif a.cmd == "score":
+        _write(a.out, score_bench(a))
     elif a.cmd == "update":
         _write(a.out, update_bench(a))
     else:

@@ -39,6 +39,13 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
     run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--out", compiled,
         "--set", "device=cpu", "--compile", cwd=tmp_path)
     assert json.loads(compiled.read_text())["compiled"] and not u["compiled"]
+    score = tmp_path / "score.json"  # behaviour scoring at score_batch_size 4 and 16 against micro_batch_size 2
+    run(ROOT / "scripts" / "bench_gpu.py", "score", "--shape", "text", "--model", POLICY, "--prompts", "2",
+        "--batch", "4,16", "--out", score, *settings[:-1], "micro_batch_size=2", cwd=tmp_path)
+    s = json.loads(score.read_text())
+    assert s["sequences"] == 16 and 4 * 16 <= s["tokens"] <= 8 * 16
+    assert [r["score_batch_size"] for r in s["rows"]] == [2, 4, 16] and all(r["seconds"] > 0 for r in s["rows"])
+    assert "| 2 (micro_batch_size) | " in run(ROOT / "scripts" / "bench_gpu.py", "report", score)
     # the same work in chunks of 16 rows: compared with the chunks of 8 (the chunk size changes how, not what)
     wide = tmp_path / "wide.json"
     run(ROOT / "scripts" / "bench_gpu.py", "engine", "--engine", "transformers", "--shape", "text", "--model", POLICY,

@@ -89,7 +89,7 @@ def test_text_logprobs_entropy_loss_and_grads_match_full_logits(tmp_path, monkey
     # Could fail if the head saw the prompt/padding rows, if a chunk boundary or the checkpointed recompute changed a
     # log-prob, an entropy or a gradient, or if right padding leaked into the loss.
     monkeypatch.setattr(embedded, "LOGIT_ROWS", 5)  # several chunks, one of them partial
-    backend = make("countdown-tiny", tmp_path, micro_batch_size=2)  # score() in length-sorted micro-batches
+    backend = make("countdown-tiny", tmp_path, score_batch_size=2)  # score() in length-sorted batches
     problems = get_task("countdown").load(split="train", template="compact")[:3]
     prompts = [backend.encode(p) for p in problems]
     responses = [[40, 41, 42, 43, 44, 45, 46], [50, 51], [60, 61, 62, 63]]
@@ -183,8 +183,8 @@ def test_a_non_finite_gradient_skips_the_optimizer_step_and_keeps_the_weights(tm
 
 def test_the_update_attends_without_cudnn_and_leaves_the_setting_as_it_was(tmp_path, monkeypatch):
     # Could fail if the update's forward/backward could pick cuDNN's attention, whose backward returns NaN query
-    # gradients for left-padded micro-batches of length 64 mod 128 on H100/H200 (pytorch/pytorch#196678: every other
-    # step of the 2.0 B VL shape skipped, docs/results.md), or if the setting leaked into the rest of the process.
+    # gradients on H100/H200 for masked lengths 64 mod 128 (pytorch/pytorch#196678: steps 2 and 4 of the 2.0 B VL
+    # shape skipped, docs/results.md), or if the setting leaked into the rest of the process.
     # CPU cannot run that kernel; what it shows is the backends each real attention call of an update was allowed.
     from bapo_vl.backends.base import Response, UpdateBatch
 

@@ -34,8 +34,8 @@ POLICY_DIR = Path(__file__).resolve().parent.parent / "policy"
 CHECKPOINT = "backend.pt"  # what save_checkpoint writes into a checkpoint folder
 LOGIT_ROWS = 512  # response tokens whose full-vocabulary logits are materialised at once (x V floats each)
 # Attention kernels the update may use: all but cuDNN's, whose backward (torch 2.11+, H100/H200) returns NaN query
-# gradients when a mask is given, the length is 64 mod 128 and a row attends to nothing (left padding):
-# pytorch/pytorch#196678. It skipped every other step of the 2.0 B VL shape (docs/results.md).
+# gradients when a mask is given, the length is 64 mod 128 and a row's logits are all very negative (logsumexp
+# < -88.7): pytorch/pytorch#196678. It skipped steps 2 and 4 of 4 of the 2.0 B VL shape, none without it (results.md).
 UPDATE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
@@ -257,7 +257,7 @@ class EmbeddedBackend:
         """(N, R) log-probs of each response's tokens under `model`, right-padded with 0 (on CPU). Sequences are
         batched in order of length, so each micro-batch is padded little beyond its own sequences."""
         out = torch.zeros(len(responses), max(len(r) for r in responses))
-        for idx in _chunks(_by_length(list(range(len(prompts))), prompts, responses), self.cfg.micro_batch_size):
+        for idx in _chunks(_by_length(list(range(len(prompts))), prompts, responses), self.cfg.score_batch_size):
             batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
             R = max(len(responses[i]) for i in idx)
             logp, _ = self._token_logprobs(model, batch, R)

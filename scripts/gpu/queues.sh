@@ -11,7 +11,7 @@
 # update with and without torch.compile (does fusing the element-wise work lift the MFU?), and the VL row with vLLM.
 #                           usage: setsid queues.sh QUEUE REPO   (QUEUE: 0, 1, vl20 or vl1; DRY=1: print only)
 C=$1; R=$2; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
-K=${C#vl}; K=${K/20/0}  # the card: 0, 1, vl20 -> 0, vl1 -> 1
+K=${C#vl}; K=${K/20/0}; K=${K/score/0}  # the card: 0, 1, vl20 -> 0, vl1 -> 1, score -> 0
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_USE_FLASHINFER_SAMPLER=0 VLLM_NO_USAGE_STATS=1 \
        RAY_USAGE_STATS_ENABLED=0 TOKENIZERS_PARALLELISM=true RAY_DEDUP_LOGS=0
 mkdir -p $J/logs && cd /tmp  # from /tmp: a repo's own bapo_vl folder must not shadow the shim
@@ -47,6 +47,12 @@ vl20) stack
    T vl-verl1-final python3 -c "import sys; from transformers import AutoModelForImageTextToText as M, AutoProcessor as P; m = M.from_pretrained(sys.argv[1]); P.from_pretrained(sys.argv[1]); print(type(m).__name__, sum(p.numel() for p in m.parameters()))" /tmp/runs/bench-vl-verl1/final
    rm -rf /tmp/runs/bench-vl-verl1/final /tmp/runs/bench-vl-verl1/checkpoints
    until [ -f $J/done1 ]; do sleep 2; done; touch $J/done;;
+score) plain  # session 8's last minutes, one card: behaviour scoring per score_batch_size; the VL engines, cold caches
+   T score-vl python3 $G score $VL --set micro_batch_size=2 --out $J/score-vl.json
+   T score-text python3 $G score $TEXT --prompts 64 --set micro_batch_size=16 --out $J/score-text.json
+   stack
+   T engine-vl-vllm-cold python3 $G engine --engine vllm $VL --prompts 16 --out $J/engine-vl-vllm-cold.json
+   touch $J/done;;
 vl1) plain
    T engine-text-tf python3 $G engine --engine transformers $TEXT --prompts 64 --no-probe-cb --out $J/engine-text-transformers.json
    T engine-vl-tf python3 $G engine --engine transformers $VL --prompts 16 --no-probe-cb --out $J/engine-vl-transformers.json
