@@ -97,3 +97,21 @@ def test_reports_of_the_committed_queued_two_h200_results():
     engines = run(ROOT / "scripts" / "bench_gpu.py", "report", *files)
     assert "| vllm | NVIDIA H200 | vllm_options={max_num_seqs: 512} | 256 x 8 | 21,406 | 37.02 |" in engines
     assert "| transformers | NVIDIA H200 | generate_batch_size=512 | 64 x 8 | 3,532 | 72.77 | 257 / 512 | 1.28x |" in engines
+
+
+def test_reports_of_the_committed_session8_results():
+    # Could fail if the generate split, a row's changed settings (a ratio across batch sizes) or the scoring table's
+    # baseline (the update's micro_batch_size) were lost from the reports that docs/results.md quotes.
+    bench = ROOT / "docs" / "bench"
+    queued = sorted((bench / "2026-11-27-2xH200-session8").glob("*.json"))
+    steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *queued)
+    assert "| verl, 1 GPU, vLLM cuda graphs | NVIDIA H200 | batch_size=8 mini_batch_size=8 | 17.06 |" in steps
+    assert "- (other card or settings)" in steps and "| 2.08 / 12.89 |" in steps and "| 12.91 / 8.55 |" in steps
+    engines = run(ROOT / "scripts" / "bench_gpu.py", "report", *queued)
+    assert "| transformers | NVIDIA H200 | - | 64 x 8 | 2,782 | 45.49 | 253 / 512 | 1.23x |" in engines
+    assert "| vllm | NVIDIA H200 | - | 16 x 8 | 14,980 | 7.83 | 235 / 256 | 10.74x |" in engines
+    assert "MFU 16.8%" in engines and "MFU 14.8%" in engines
+    scoring = run(ROOT / "scripts" / "bench_gpu.py", "report", *sorted((bench / "2026-11-27-H200-score").glob("*.json")))
+    assert "| 2 (micro_batch_size) | 15.57 | 1.00x |" in scoring and "| 32 | 2.72 | 5.72x |" in scoring
+    assert "| 16 (micro_batch_size) | 4.63 | 1.00x |" in scoring and "| 64 | 1.16 | 4.00x |" in scoring
+    assert "| vllm | NVIDIA H200 | - | 16 x 8 | 14,450 |" in scoring and "| vllm-plain | NVIDIA H200 | - | 16 x 8 | 16,508 |" in scoring

@@ -18,7 +18,8 @@
 # Cases e and 7-10 (git log -p) were the next plan, one call each; the queued plan below replaced them (2 x H200, 2026-11-27,
 #   docs/bench/2026-11-27-2xH200-queued: q0, p1-p3, q4, w 6, w 7 ran everything of scripts/gpu/queues.sh's queues 0
 #   and 1 in 27.3 minutes of device time, except the VL shape on verl with 1 GPU).
-# Next: QUEUES="vl20 vl1" on a 2-GPU machine (q0, p1-p3, q4, then w until done: about 25 minutes): see queues.sh.
+# Session 8: QUEUES="vl20 vl1" on 2 x H200 (q0, p1-p3, q4, w 6: 19.2 minutes), then QUEUES=score on one H200
+#   (the same calls, 3 minutes): docs/results.md, section "Session 8".
 # docs/bench/2026-11-27-2xH200 came from an earlier version of this plan (git log -p this file).
 R=$PWD; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1

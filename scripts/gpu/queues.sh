@@ -4,11 +4,12 @@
 # Each queue runs its plain jobs (no stack on the path: the embedded backend as it is today), waits for the unpacked
 # stack (/tmp/site/.unpacked, device_session.sh q4), runs its stack jobs and writes /tmp/bench/doneCARD; queue 0 then
 # waits for queue 1 and runs the 2-GPU verl rows (queues 0 and 1 ran on 2 x H200 on 2026-11-27: docs/results.md).
-# Not run yet, for a 2-GPU machine (QUEUES="vl20 vl1"): vl20 (card 0) the 2.0 B VL shape on verl, 1 GPU, 8 prompts x 8 for 20
+# Ran on 2 x H200 in session 8 (QUEUES="vl20 vl1"; docs/results.md): vl20 (card 0) the 2.0 B VL shape on verl, 1 GPU, 8 prompts x 8 for 20
 # steps, and its final/ loaded with from_pretrained; vl1 (card 1) the embedded VL row for 4 steps (does step 2's
 # gradient norm come out non-finite again? the update now skips such a step and names the tensors), the two VL
 # engines' decode benches, model.generate with gqa_decode's attention against transformers' SDPA (text, 64 x 8), the
 # update with and without torch.compile (does fusing the element-wise work lift the MFU?), and the VL row with vLLM.
+# score (one card): behaviour scoring per score_batch_size, the VL engines with vLLM's caches reset (session 8).
 #                           usage: setsid queues.sh QUEUE REPO   (QUEUE: 0, 1, vl20 or vl1; DRY=1: print only)
 C=$1; R=$2; J=/tmp/bench; B=$R/scripts/gpu/bench_backends.py; G=$R/scripts/bench_gpu.py
 K=${C#vl}; K=${K/20/0}; K=${K/score/0}  # the card: 0, 1, vl20 -> 0, vl1 -> 1, score -> 0
