@@ -142,7 +142,7 @@ def score_bench(a) -> dict:
 
     backend = EmbeddedBackend(_config(a.shape, a.model, "transformers", a.source, a.set))
     _, problems = load_problems(backend.cfg)
-    cfg, G, n = backend.cfg, backend.cfg.group_size, max(a.prompts)
+    cfg, G, n = backend.cfg, backend.cfg.group_size, a.prompts
     prompts = [p for p in (backend.encode(q) for q in problems[:n]) for _ in range(G)]
     gen = torch.Generator().manual_seed(0)
     vocab = backend.tokenizer.vocab_size  # ordinary tokens: no image placeholder in a response
@@ -326,7 +326,7 @@ def main():
     e.add_argument("--source", help="Geometry3K data folder (vl shape)")
     e.add_argument("--no-probe-cb", dest="probe_cb", action="store_false", help="skip the generate_batch probe")
     s = sub.add_parser("score")
-    s.add_argument("--prompts", type=lambda v: [int(x) for x in v.split(",")], default=[16])
+    s.add_argument("--prompts", type=int, default=16)
     s.add_argument("--batch", type=lambda v: [int(x) for x in v.split(",")], default=[8, 16, 32, 64],
                    help="score_batch_size values to time (micro_batch_size is timed too, first)")
     s.add_argument("--shape", choices=SHAPES, required=True)

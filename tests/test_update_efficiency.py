@@ -205,3 +205,25 @@ def test_the_update_attends_without_cudnn_and_leaves_the_setting_as_it_was(tmp_p
     assert backend.update(batch)["grad_norm"] > 0
     assert len(allowed) >= 2 * 2 and all(not cudnn and flash and efficient for cudnn, flash, efficient in allowed)
     assert torch.backends.cuda.cudnn_sdp_enabled()
+
+
+def test_scoring_runs_in_batches_of_score_batch_size_and_the_update_in_micro_batches(tmp_path, monkeypatch):
+    # Could fail if behaviour scoring went back to the update's micro-batches (5.7x slower for the VL shape on an
+    # H200, docs/results.md) or the update's gradient accumulation took the scoring size (its activations).
+    from bapo_vl.backends.base import Response, UpdateBatch
+
+    backend = make("countdown-tiny", tmp_path, micro_batch_size=1, score_batch_size=3, mini_batch_size=2)
+    problems = get_task("countdown").load(split="train", template="compact")[:2]
+    prompts = [backend.encode(p) for p in problems]
+    responses = [[(40, 41, 42), (43, 44)], [(45,), (46, 47, 48, 49)]]
+    sizes, collate = [], backend._collate
+    monkeypatch.setattr(backend, "_collate", lambda ps, rs=None: sizes.append(len(ps)) or collate(ps, rs))
+    flat = [r for rs in responses for r in rs]
+    behaviour = backend.score(backend.rollout, [p for p in prompts for _ in range(2)], flat)
+    assert sizes == [3, 1]
+    sizes.clear()
+    groups = tuple(tuple(Response(r, tuple(behaviour[g * 2 + i, :len(r)].tolist())) for i, r in enumerate(rs))
+                   for g, rs in enumerate(responses))
+    backend.update(UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=((1.0, 0.0), (0.0, 1.0)),
+                               advantages=((1.0, -1.0), (-1.0, 1.0))))
+    assert sizes == [3, 1] + [1] * 4  # the reference's scoring (kl_coef > 0), then one micro-batch per sequence
