@@ -1,6 +1,7 @@
-"""The GPU benchmark scripts on CPU, up to the GPU: scripts/bench_gpu.py measures the transformers engine and the
-update of the bundled policy and reports them; both reports read the committed results of docs/bench (one machine,
-2 x H200) into the tables docs/results.md quotes. What needs a GPU (vLLM, verl, the bound's copy rate) is not run."""
+"""The GPU benchmark scripts on CPU, up to the GPU: scripts/bench_gpu.py measures the transformers engine, behaviour
+scoring and the update of the bundled policy and reports them; both reports read the committed results of docs/bench
+(one folder per machine) into the tables docs/results.md quotes. What needs a GPU (vLLM, verl, the bound's copy rate)
+is not run."""
 import json
 import subprocess
 import sys
