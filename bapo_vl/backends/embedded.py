@@ -255,7 +255,7 @@ class EmbeddedBackend:
     @torch.no_grad()
     def score(self, model, prompts: list[dict], responses: list) -> torch.Tensor:
         """(N, R) log-probs of each response's tokens under `model`, right-padded with 0 (on CPU). Sequences are
-        batched in order of length, so each micro-batch is padded little beyond its own sequences."""
+        batched in order of length, `score_batch_size` at a time, so each batch is padded little."""
         out = torch.zeros(len(responses), max(len(r) for r in responses))
         for idx in _chunks(_by_length(list(range(len(prompts))), prompts, responses), self.cfg.score_batch_size):
             batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
