@@ -17,6 +17,7 @@ import yaml
 
 from bapo_vl.algorithm import ONLINE_FILTERS, PROMOTE_RULES
 from bapo_vl.losses import AGG_MODES, POLICY_LOSSES, LossConfig
+from bapo_vl.optim import LR_SCHEDULES
 from bapo_vl.record import SINKS
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -139,7 +140,9 @@ class Config:
     group_size: int = within(8, Range(ge=2), "GRPO needs a group; e.g. group_size=8")
     """G: responses per prompt"""
     temperature: float = within(1.0, Range(gt=0))
+    """sampling temperature of rollouts (behaviour log-probs are taken at it)"""
     top_p: float = within(1.0, Range(gt=0, le=1))
+    """nucleus sampling: 1.0 samples from the whole distribution"""
     top_k: int = within(-1, Range(ge=-1))
     """-1: no top-k cut"""
     max_prompt_length: int = within(2048, Range(ge=1))
@@ -160,6 +163,7 @@ class Config:
     gaussian_mean: float = within(0.5, Range(ge=0, le=1))
     """gaussian filter: keep a group with probability exp(-(mu - mean)^2 / (2 std^2))"""
     gaussian_std: float = within(0.2, Range(gt=0))
+    """gaussian filter: its width"""
     uniform_keep: float = within(0.6, Range(ge=0, le=1))
     """uniform filter: the fraction of groups kept"""
     use_x2: bool = True
@@ -187,12 +191,22 @@ class Config:
 
     # --- optimisation ---
     lr: float = within(1e-6, Range(gt=0))
+    """peak learning rate of the policy (AdamW)"""
+    lr_schedule: str = within("constant", LR_SCHEDULES)
+    """after the warm-up: constant | linear | cosine decay to min_lr_ratio x lr at the last step (`steps`)"""
+    lr_warmup_steps: int = within(0, Range(ge=0))
+    """training steps of linear warm-up (step t of W trains at lr x t / W)"""
+    min_lr_ratio: float = within(0.0, Range(ge=0, le=1))
+    """where linear and cosine decay end, as a fraction of lr"""
     weight_decay: float = within(0.0, Range(ge=0))
+    """AdamW's decoupled weight decay"""
     grad_clip: float = within(1.0, Range(gt=0))
+    """the gradient's global norm is clipped to this before each optimizer step"""
     epochs: int = within(1, Range(ge=1))
     """passes over each training batch (ppo_epochs)"""
     mini_batch_size: int = within(64, Range(ge=1))
-    """prompts (groups) per optimizer step"""
+    """prompts (groups) per optimizer step at most: a batch of n groups takes ceil(n / mini_batch_size) optimizer
+    steps on near-equal shares (bapo_vl.optim.mini_batches; verl trains on whole mini-batches only)"""
     micro_batch_size: int = within(16, Range(ge=1))
     """sequences per forward/backward (gradient accumulation inside a mini-batch; the embedded backend groups them by
     length, except for balanced_clip, whose bounds are taken per micro-batch)"""
@@ -226,6 +240,7 @@ class Config:
     min_pixels: int = within(3136, Range(ge=1))
     """the processor resizes each image to between min_pixels and max_pixels pixels"""
     max_pixels: int = within(1003520, Range(ge=1))
+    """see min_pixels"""
 
     # --- record ---
     log_samples: int = within(4, Range(ge=0))

@@ -198,7 +198,7 @@ class Trainer:
         t0 = time.perf_counter()
         metrics = self.backend.update(update)
         self.timings["train"] += time.perf_counter() - t0
-        if "loss" in metrics:  # a backend that could train on none of the batch (verl's trimming) reports no loss
+        if metrics.get("optimizer_steps", 0) > 0:  # none: the backend could train on none of the batch (verl trims)
             self.updates += 1
         return metrics
 
@@ -248,6 +248,7 @@ class Trainer:
             "response_length": mean([len(s.tokens) for g in fresh for s in g.samples]),
             **{f"t_{k}": self.timings.get(k, 0.0) for k in ("generate", "score", "train", "sync")},
             **{f"t_generate_{k}": v for k, v in self.backend.timings.items()},  # where generate's time went
+            "optimizer_steps": 0,  # a step that trained nothing
             **{k: v for k, v in train_metrics.items()},
             "verdicts": dict(self.verdicts),
         }

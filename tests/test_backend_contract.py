@@ -91,8 +91,10 @@ def test_update_returns_every_metric_as_a_float(kind, model_dir, tmp_path):
     missing = set(UPDATE_METRICS) - set(metrics)
     assert not missing, f"{kind} dropped {sorted(missing)}"
     for name in UPDATE_METRICS:
-        assert type(metrics[name]) is float and math.isfinite(metrics[name]), (name, metrics[name])
+        kind_of = int if name == "optimizer_steps" else float
+        assert type(metrics[name]) is kind_of and math.isfinite(metrics[name]), (name, metrics[name])
     assert metrics["grad_norm"] > 0 and metrics["entropy"] > 0 and metrics["kl"] >= 0
+    assert metrics["optimizer_steps"] == 1 and metrics["lr"] == cfg.lr  # 4 groups <= mini_batch_size, no schedule
 
 
 def test_the_update_batch_is_checked_and_frozen():
@@ -123,7 +125,8 @@ def test_metric_names_reach_the_run_record(kind, model_dir, tmp_path):
     assert trained, "no step trained a group: the test proves nothing"
     for s in trained:
         for name in UPDATE_METRICS:
-            assert isinstance(s.get(name), float) and math.isfinite(s[name]), (s["step"], name, s.get(name))
+            kind_of = int if name == "optimizer_steps" else float
+            assert isinstance(s.get(name), kind_of) and math.isfinite(s[name]), (s["step"], name, s.get(name))
     # final/ is a Hugging Face model holding the trained weights (verl: merged by verl's own model merger)
     from transformers import AutoModelForCausalLM
 

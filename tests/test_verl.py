@@ -25,7 +25,7 @@ import torch
 
 from bapo_vl.backends.base import UPDATE_METRICS, Response, UpdateBatch
 from bapo_vl.backends.embedded import EmbeddedBackend
-from bapo_vl.backends.verl_backend import (ALPHA, VERL_METRICS, VerlBackend, VerlConfigError, object_array,
+from bapo_vl.backends.verl_backend import (ALPHA, COUNTED, VERL_METRICS, VerlBackend, VerlConfigError, object_array,
                                            trainable_groups, validate_verl_config)
 from bapo_vl.backends import verl_data
 from bapo_vl.config import load_config
@@ -683,7 +683,8 @@ def test_ray_trainer_actor_forwards_to_verls_trainer_and_worker_group(model_dir)
 
 # The record's column <- the name verl's actor path reports it under (written out here, not read from VERL_METRICS)
 RECORD_FROM_VERL = {"loss": "actor/loss", "pg_loss": "actor/pg_loss", "kl": "actor/kl_loss",
-                    "entropy": "actor/entropy_loss", "clip_frac": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm"}
+                    "entropy": "actor/entropy_loss", "clip_frac": "actor/pg_clipfrac", "grad_norm": "actor/grad_norm",
+                    "lr": "actor/lr"}
 
 
 def test_stand_in_actor_metrics_have_verls_names(runs):
@@ -694,8 +695,8 @@ def test_stand_in_actor_metrics_have_verls_names(runs):
     from verl.workers.engine_workers import TrainingWorker
     from verl.workers.utils.losses import ppo_loss
 
-    assert set(RECORD_FROM_VERL) == set(UPDATE_METRICS) == set(VERL_METRICS)
-    assert all(RECORD_FROM_VERL[k] in VERL_METRICS[k] for k in UPDATE_METRICS)
+    assert set(RECORD_FROM_VERL) == set(UPDATE_METRICS) - set(COUNTED) == set(VERL_METRICS)
+    assert all(RECORD_FROM_VERL[k] in VERL_METRICS[k] for k in VERL_METRICS)
     source = inspect.getsource(ppo_loss)
     for key in ("actor/pg_loss", "actor/entropy_loss", "kl_loss", "kl_coef"):
         assert f'metrics["{key}"]' in source, key
@@ -730,7 +731,8 @@ def test_update_metrics_reach_the_run_record(model_dir, tmp_path, monkeypatch):
     assert trained and len(trained) == len(backend.actor.metrics)
     for s, verl_metrics in zip(trained, backend.actor.metrics):
         for key in UPDATE_METRICS:
-            assert isinstance(s.get(key), float) and math.isfinite(s[key]), (s["step"], key, s.get(key))
+            kind_of = int if key == "optimizer_steps" else float
+            assert isinstance(s.get(key), kind_of) and math.isfinite(s[key]), (s["step"], key, s.get(key))
         for key, name in RECORD_FROM_VERL.items():  # the record's column is verl's number
             if key == "kl":  # kl_coef == 0: no reference policy, no KL term, kl is 0.0 (as on the embedded backend)
                 assert name not in verl_metrics and name not in s and s[key] == 0.0
@@ -739,6 +741,7 @@ def test_update_metrics_reach_the_run_record(model_dir, tmp_path, monkeypatch):
             assert s[key] == pytest.approx(expect, rel=1e-12) and s[name] == s[key], (s["step"], key)
         assert s["entropy"] > 0 and s["grad_norm"] > 0  # computed from the model, not placeholders
         assert s["actor/lr"] == cfg.lr
+        assert s["optimizer_steps"] == cfg.epochs * max(1, (s["trained_groups"] - s["trimmed_groups"]) // cfg.mini_batch_size)
 
 
 def test_kl_term_reaches_the_record_columns(model_dir):

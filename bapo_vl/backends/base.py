@@ -29,8 +29,10 @@ UPDATE_METRICS: dict[str, str] = {
     "entropy": "mean token entropy of pi_theta on the batch",
     "clip_frac": "share of valid tokens whose gradient the ratio clip removed",
     "grad_norm": "gradient norm before clipping, mean over optimizer steps",
+    "optimizer_steps": "optimizer steps taken on this batch (mini-batches x epochs, less any skipped)",
+    "lr": "the learning rate of this step's optimizer steps",
 }
-"""What every backend's `update` returns (python floats), named as the run record's columns. A backend may return
+"""What every backend's `update` returns (python floats; optimizer_steps an int), named as the run record's columns. A backend may return
 more (its own names); these are checked by the contract test."""
 
 

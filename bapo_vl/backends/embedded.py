@@ -27,6 +27,7 @@ from bapo_vl.backends.base import Policy, Response, UpdateBatch, old_logprobs, p
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.engines import make_engine
 from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
+from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.problem import Problem
 
 log = logging.getLogger(__name__)
@@ -284,7 +285,8 @@ class EmbeddedBackend:
             self.engine.wake()
 
     def _update(self, batch: UpdateBatch) -> dict:
-        """PPO-style update in mini-batches of `mini_batch_size` groups, with gradient accumulation over
+        """PPO-style update in ceil(n / mini_batch_size) near-equal mini-batches of the n groups (optim.mini_batches),
+        at this step's learning rate (optim.lr_factor), with gradient accumulation over
         micro-batches of `micro_batch_size` sequences of similar length (each is padded to its longest; the loss is
         normalised by the mini-batch's token and sequence counts, so the split does not change it). Per-token tensors
         are (N, R) on CPU; micro-batches move."""
@@ -305,10 +307,13 @@ class EmbeddedBackend:
         else:
             adv = torch.tensor([a for *_, a in rows])[:, None] * mask
         groups = sorted(set(group))
+        lr = cfg.lr * lr_factor(batch.step, cfg.steps, cfg.lr_schedule, cfg.lr_warmup_steps, cfg.min_lr_ratio)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
         per_mini: list[dict] = []
         for _ in range(cfg.epochs):
             self.rng.shuffle(groups)
-            for mini in _chunks(groups, cfg.mini_batch_size):
+            for mini in mini_batches(groups, cfg.mini_batch_size):
                 members = set(mini)
                 idx = [i for i, g in enumerate(group) if g in members]
                 if cfg.loss not in MICRO_BATCH_STATISTICS:  # similar lengths share a micro-batch: little padding
@@ -327,6 +332,8 @@ class EmbeddedBackend:
             return {}
         out = {k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]}
         out["skipped_steps"] = sum(not math.isfinite(m["grad_norm"]) for m in per_mini)  # clipped_step skipped them
+        out["optimizer_steps"] = len(per_mini) - out["skipped_steps"]
+        out["lr"] = lr
         return out
 
     def _backward(self, micro, prompts, responses, terms: dict, n_tokens, n_seqs) -> dict:

@@ -61,8 +61,10 @@ VERL_METRICS = {
     "entropy": ("actor/entropy_loss", "actor/entropy"),
     "clip_frac": ("actor/pg_clipfrac", "actor/clip_frac"),
     "grad_norm": ("actor/grad_norm",),
+    "lr": ("actor/lr", "lr"),
 }
-assert set(VERL_METRICS) == set(UPDATE_METRICS)
+COUNTED = ("optimizer_steps",)  # counted here, from the groups verl trains on
+assert set(VERL_METRICS) | set(COUNTED) == set(UPDATE_METRICS)
 
 
 class VerlConfigError(ValueError):
@@ -341,6 +343,7 @@ class VerlBackend:
         if self.cfg.kl_coef > 0:
             data = data.union(self.actor.compute_ref_log_prob(data))
         out = self.actor.update_actor(data)
+        metrics["optimizer_steps"] = self.cfg.epochs * max(1, keep // self.mini_batch_size)
         self.alpha_stale = True
         verl_metrics = {k: float(np.mean(v)) if isinstance(v, (list, tuple, np.ndarray)) else float(v)
                         for k, v in (out.meta_info.get("metrics", {}) if out is not None else {}).items()}

@@ -29,6 +29,9 @@ from bapo_vl.losses import LossConfig, all_reduce_sum, balanced_clip_loss
 ENV = "BAPO_VERL_LOSS"
 LOGPROB_ROWS = 2048  # rows per log_softmax: bounds the transient (rows, vocab) tensor
 VERL_LOSS_MODE = {"ppo_clip": "vanilla", "gspo": "gspo", "balanced_clip": "bapo_balanced_clip"}
+# verl's own scheduler (per update_actor call, i.e. per training step) warms up from 0 at the first step, one step
+# behind ours (bapo_vl.optim.lr_factor), and has no linear decay
+VERL_LR_SCHEDULES = {"constant": "constant", "cosine": "cosine"}
 NO_DUAL_CLIP = 1e9  # verl's vanilla loss always dual-clips (clip_ratio_c > 1 required); this turns it off
 
 
@@ -37,6 +40,9 @@ def actor_settings(cfg) -> dict[str, tuple[str, object]]:
     verl_main refuses `verl.` overrides of them, so each setting has one place."""
     if cfg.loss not in VERL_LOSS_MODE:
         raise ValueError(f"loss={cfg.loss!r} has no verl counterpart; on verl use one of {', '.join(VERL_LOSS_MODE)}")
+    if cfg.lr_schedule not in VERL_LR_SCHEDULES:
+        raise ValueError(f"lr_schedule={cfg.lr_schedule!r} has no verl counterpart; on verl use one of "
+                         f"{', '.join(VERL_LR_SCHEDULES)}")
     return {
         "policy_loss.loss_mode": ("loss", VERL_LOSS_MODE[cfg.loss]),
         "clip_ratio_low": ("clip_low", cfg.clip_low),
@@ -52,6 +58,9 @@ def actor_settings(cfg) -> dict[str, tuple[str, object]]:
         "grad_clip": ("grad_clip", cfg.grad_clip),  # legacy dp_actor
         "optim.clip_grad": ("grad_clip", cfg.grad_clip),  # verl 0.9.1's engine worker clips with this one
         "optim.lr": ("lr", cfg.lr),
+        "optim.lr_scheduler_type": ("lr_schedule", VERL_LR_SCHEDULES[cfg.lr_schedule]),
+        "optim.lr_warmup_steps": ("lr_warmup_steps", cfg.lr_warmup_steps),
+        "optim.min_lr_ratio": ("min_lr_ratio", cfg.min_lr_ratio),
         "optim.weight_decay": ("weight_decay", cfg.weight_decay),
     }
 
