@@ -172,6 +172,9 @@ def main(argv=None):
     ap.add_argument("--eval-data", default=None, help="jsonl with nums/target: measure accuracy at the end")
     ap.add_argument("--eval-every", type=int, default=0, help="greedy accuracy on 256 eval problems every N steps")
     ap.add_argument("--eval-samples", type=int, default=8)
+    ap.add_argument("--save-at", default="", metavar="STEP,STEP",
+                    help="also save the policy as it is after these steps, in OUT/step_N (weaker start policies: "
+                         "each with its greedy accuracy on the first 256 --eval-data problems in training.json)")
     args = ap.parse_args(argv)
     for key, value in SIZES[args.size].items():  # what the command line leaves unset comes from --size
         if getattr(args, key) is None:
@@ -223,6 +226,9 @@ def main(argv=None):
     eval_problems = evalmod.load_problems(args.eval_data) if args.eval_data else None
     verify = evalmod.get_verify()
 
+    save_at = sorted({int(x) for x in args.save_at.split(",") if x.strip()})
+    if any(not 0 < x < args.steps for x in save_at):
+        raise SystemExit(f"--save-at {args.save_at}: each step must be in 1..{args.steps - 1} (the last is --out)")
     perm, pos = torch.randperm(len(ids), generator=gen), 0
     ema, curve, log = None, [], []
     t0 = time.time()
@@ -257,6 +263,8 @@ def main(argv=None):
                 curve.append({"step": step + 1, "greedy_acc_256": r["greedy_acc"]})
                 line += f" greedy@256 {r['greedy_acc']:.3f}"
             print(line, flush=True)
+        if step + 1 in save_at:
+            save_snapshot(model, tok, Path(args.out) / f"step_{step + 1}", step + 1, eval_problems, verify, device)
     train_s = time.time() - t0
     final_loss = sum(d["loss"] for d in log[-3:]) / max(1, len(log[-3:]))
 
@@ -296,6 +304,23 @@ def main(argv=None):
     (out / "TRAINING.md").write_text(training_md(meta, size))
     print(f"saved {out} ({size / 1e6:.2f} MB) in {time.time() - t_start:.0f}s", flush=True)
     return meta
+
+
+def save_snapshot(model, tok, folder: Path, step: int, eval_problems, verify, device) -> None:
+    """The policy after `step` steps as a policy folder of its own (fp32, as the final one), with its greedy
+    accuracy on the first 256 eval problems; training continues on the same weights and optimizer."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+    tok.save_pretrained(folder)
+    meta = {"step": step}
+    if eval_problems:
+        model.eval()
+        meta["greedy_acc_256"] = evalmod.evaluate(model, tok, eval_problems[:256], samples=0, batch=256,
+                                                  verify=verify)["greedy_acc"]
+        model.train()
+    (folder / "training.json").write_text(json.dumps(meta, indent=1))
+    print(f"saved {folder}: {meta}", flush=True)
 
 
 def training_md(m: dict, size: int) -> str:
