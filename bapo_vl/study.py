@@ -1,25 +1,38 @@
-"""The algorithm-neutral study (issue 13): algorithms x seeds on one task and model, every run stopped at the same
+"""The algorithm-neutral study: a grid of entries x seeds on one task and model, every run stopped at the same
 rollout budget (Config.max_rollouts), every checkpoint judged by the same held-out evaluation (`bapo eval`'s code).
 
-    python scripts/study.py --algos grpo,dapo,bapo --seeds 0,1,2 --budget 30720 --k 16 device=cuda
+    python scripts/study.py --algos grpo,dapo,bapo --seeds 0,1,2 --budget 30720 --k 8 --final-k 32 device=cuda
 
-Hard set. Before training, the start policy answers every prompt of the held-out split k times (temperature 1,
-sampling seed `eval_seed`); the prompts it got 0/k right form the hard set H. Every later evaluation samples k
-fresh answers (seed eval_seed + 1, the same for every method and checkpoint) and reports
+Checkpoints. A run trains in segments to each checkpoint budget, then is resumed (resume=RUN, which reproduces an
+uninterrupted run: tests/test_crash_resume.py) to the next, its newest checkpoint evaluated after each. So an
+evaluation sees the policy at the first step whose rollouts reach the checkpoint, the same rule that ends the run.
+Checkpoints are log-spaced by default (budget / 2^(n-1), ..., budget / 2, budget: learning is fastest early, and a
+log axis shows it), or even (`--spacing linear`: budget * i / n). `--extend ENTRY=F` trains that entry on past the
+budget to F x budget (budget x 2, x 4, ...; linear: on in steps of budget / n), so "how many rollouts does it need to
+reach another's final accuracy" can be answered past the common budget; its rows at the budget still compare at
+equal rollouts.
+
+Evaluations. Each prompt of the held-out split is answered once greedily and k times at temperature 1. Every
+checkpoint samples k = `--k` answers with one seed (eval_seed + 1) for every method, so the curves are paired by
+prompt and sampling seed; the final evaluations (the common budget, and an extended entry's last checkpoint) sample
+`--final-k` answers, with their own seed (eval_seed + 2; the checkpoint's when final_k = k): more samples where the
+methods are compared. The start policy is evaluated three times: "start" (k, the checkpoint seed: the curves' x = 0),
+"start_final" (final_k, the final seed: what every final evaluation is paired with) and "start_hard" (hard_k, an
+independent seed eval_seed + 1000), which alone defines the hard set H, the prompts it got 0/hard_k right. Then
 
     unlocked = |{p in H : correct(p) >= 1}| / |H|
 
-for every method alike. The start policy evaluated again with that later seed gives the floor that resampling
-alone reaches: a prompt solved with probability 1/50 is 0/16 about 72 % of the time, so H holds prompts that fresh
-samples solve without any training. Migration: each prompt's bin (correct count 0..k) at the start against its bin
-after training (bapo_vl.reader.migration, the run record's rule).
+for every evaluation alike, and start_final's unlocked is the floor that resampling alone reaches: a prompt solved
+with probability 1/50 is 0/16 about 72 % of the time, so H holds prompts that fresh samples solve without any
+training. Defining H on a sample independent of the ones it is scored on keeps that floor honest (the same samples
+would unlock nothing by construction). Migration: each prompt's bin (correct count 0..k) at the start against its
+bin after training (bapo_vl.reader.migration, the run record's rule).
 
-Checkpoints. A run trains in segments: to max_rollouts = budget * i / n, then resumed (resume=RUN, which
-reproduces an uninterrupted run: tests/test_crash_resume.py) to the next one, its newest checkpoint evaluated
-after each. So an evaluation sees the policy at the first step whose rollouts reach the checkpoint, the same rule
-that ends the run. Finished evaluations are kept in RUNS/study.jsonl: the same command run again continues where
-it stopped (a machine that allows 10 minutes a command runs it several times). Each is also written into its run's
-record at that step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger.
+Ledger. Finished evaluations are kept in RUNS/study.jsonl, keyed (entry, seed, budget), each with its step, rollouts
+and optimizer steps (equal rollouts are not equal updates): the same command run again continues where it stopped (a
+machine that allows 10 minutes a command runs it several times). Each is also written into its run's record at that
+step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger. `--entry
+NAME="key=value ..."` adds a grid entry of one's own (a learning-rate pilot: `--entry lr1e-5="algo=grpo lr=1e-5"`).
 
 Parallel runs. `--jobs N` (N > 1): the start policy is evaluated here, then every (entry, seed) with evaluations
 missing runs as its own process (`python -m bapo_vl.study` with the same settings, `--algos ENTRY --seeds SEED
@@ -36,6 +49,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -52,6 +66,8 @@ from bapo_vl.config import Config, load_config
 from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, setup
 from bapo_vl.reader import migration as bin_migration
 from bapo_vl.record import RunRecord, query_ro
+from bapo_vl.stats import (hierarchical_bootstrap_diff, hierarchical_bootstrap_mean, holm,
+                           rollouts_ratio_bootstrap)
 from bapo_vl.train import checkpoint_steps, resume_config, train
 
 # Grid entries: name -> config overrides. The first are the algorithms (config.ALGOS presets) ...
@@ -68,7 +84,10 @@ KNOBS: dict[str, list[str]] = {
     "bapo_age6": ["algo=bapo", "high_max_age=6"],
 }
 STUDY_SETS = {"algo", "seed", "steps", "max_rollouts", "run_dir", "name", "resume"}  # overrides the study owns
-START, RESAMPLED = "start", "start_resampled"  # the start policy at eval_seed (defines H) and at eval_seed + 1
+# The start policy's three evaluations: the curves' x = 0 (k, checkpoint seed), the final comparison's start
+# (final_k, final seed) and the hard set's definition (hard_k, a seed of its own).
+START, START_FINAL, START_HARD = "start", "start_final", "start_hard"
+HARD_SEED_OFFSET = 1000
 
 
 # ----------------------------------------------------------------------------- the hard set (pure functions)
@@ -130,33 +149,76 @@ def mean_sd(xs: list[float]) -> tuple[float, float]:
     return float(np.mean(xs)), float(np.std(xs, ddof=1)) if len(xs) > 1 else 0.0
 
 
-def within_noise(a: list[float], b: list[float]) -> bool | None:
-    """The difference of means is within seed noise: |mean a - mean b| <= 2 standard errors of the difference
-    (a rough rule, not a test). None when either side has one seed (no noise estimate).
-    >>> within_noise([0.1, 0.2, 0.3], [0.2, 0.3, 0.4]), within_noise([0.1, 0.11, 0.12], [0.3, 0.31, 0.32])
-    (True, False)"""
-    if len(a) < 2 or len(b) < 2:
-        return None
-    se = math.sqrt(np.var(a, ddof=1) / len(a) + np.var(b, ddof=1) / len(b))
-    return bool(abs(np.mean(a) - np.mean(b)) <= 2 * se)
-
-
 # ----------------------------------------------------------------------------- options
+
+
+def checkpoint_budgets(budget: int, n: int, spacing: str = "log") -> list[int]:
+    """The n rollout budgets a run is evaluated at, the last the budget itself. Log: geometric from
+    budget / 2^(n-1) (rounded, each >= 1, duplicates merged); linear: budget * i / n.
+    >>> checkpoint_budgets(320, 6), checkpoint_budgets(40, 4, "linear"), checkpoint_budgets(3, 4)
+    ([10, 20, 40, 80, 160, 320], [10, 20, 30, 40], [1, 2, 3])"""
+    if spacing == "log":
+        return sorted({max(1, math.floor(budget / 2 ** (n - 1 - i) + 0.5)) for i in range(n)})
+    return sorted({max(1, budget * i // n) for i in range(1, n + 1)})
+
+
+def extended_budgets(budget: int, n: int, spacing: str, factor: float) -> list[int]:
+    """The checkpoints of an entry trained on past the budget to factor x budget, continuing its spacing
+    (log: budget x 2, x 4, ...; linear: steps of budget / n), the last one factor x budget itself.
+    >>> extended_budgets(100, 4, "log", 4), extended_budgets(100, 4, "log", 3), extended_budgets(100, 4, "linear", 1.5)
+    ([200, 400], [200, 300], [125, 150])"""
+    top = math.floor(factor * budget + 0.5)
+    if spacing == "log":
+        steps = [budget * 2 ** j for j in range(1, math.ceil(math.log2(factor)) + 1)]
+    else:
+        steps = [math.floor(budget + i * budget / n + 0.5) for i in range(1, math.ceil((factor - 1) * n) + 1)]
+    return sorted({b for b in steps if budget < b < top} | ({top} if top > budget else set()))
+
+
+def parse_entry(text: str) -> tuple[str, list[str]]:
+    """--entry NAME="key=value key=value" -> (NAME, [key=value, ...]); values may be quoted as in a shell.
+    >>> parse_entry("lr1e-5=algo=grpo lr=1e-5 kl_coef=0")
+    ('lr1e-5', ['algo=grpo', 'lr=1e-5', 'kl_coef=0'])"""
+    name, eq, overrides = text.partition("=")
+    if not eq or not name.strip():
+        raise ValueError(f"--entry {text!r}: write NAME=\"key=value key=value\"")
+    return name.strip(), shlex.split(overrides)
+
+
+def parse_extend(text: str) -> tuple[str, float]:
+    """--extend ENTRY=FACTOR -> (ENTRY, FACTOR).
+    >>> parse_extend("dapo=2")
+    ('dapo', 2.0)"""
+    name, eq, factor = text.partition("=")
+    try:
+        return name.strip(), float(factor) if eq else math.nan
+    except ValueError:
+        raise ValueError(f"--extend {text!r}: write ENTRY=FACTOR, e.g. dapo=2") from None
 
 
 @dataclass
 class StudyOptions:
     algos: list[str] = field(default_factory=lambda: list(ALGORITHMS))
-    """grid entries (ENTRIES, and KNOBS by name)"""
+    """grid entries (ENTRIES, KNOBS and `entries` by name)"""
     knobs: bool = False
     """also every KNOBS entry"""
     seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     budget: int = 30_720
     """rollouts per run (max_rollouts); 30,720 = 120 GRPO steps of B=32, G=8"""
     checkpoints: int = 4
-    """evaluations at budget * i / checkpoints, i = 1..checkpoints"""
-    k: int = 16
-    """samples per held-out prompt (temperature 1)"""
+    """evaluations per run up to the budget"""
+    spacing: str = "log"
+    """checkpoint budgets: "log" (budget / 2^(n-1), ..., budget) or "linear" (budget * i / n)"""
+    k: int = 8
+    """samples per held-out prompt (temperature 1) at every checkpoint"""
+    final_k: int | None = None
+    """samples per held-out prompt at each run's final budget (default k)"""
+    hard_k: int | None = None
+    """samples of the start policy that define the hard set (default final_k)"""
+    extend: dict[str, float] = field(default_factory=dict)
+    """entry -> factor: that entry trains on to factor x budget"""
+    entries: dict[str, list[str]] = field(default_factory=dict)
+    """grid entries of one's own: name -> config overrides"""
     split: str = "test"
     """held-out split (the task's load(split=...)); never the training data"""
     source: str | None = None
@@ -186,15 +248,33 @@ class StudyOptions:
     """write results.md, plots and results.json (--no-report: the ledger only, as --jobs children do)"""
 
     def __post_init__(self):
-        known = {**ENTRIES, **KNOBS}
+        self.final_k = self.k if self.final_k is None else self.final_k
+        self.hard_k = self.final_k if self.hard_k is None else self.hard_k
+        builtin = {**ENTRIES, **KNOBS}
+        known = {**builtin, **self.entries}
         self.algos = list(dict.fromkeys([*self.algos, *(KNOBS if self.knobs else [])]))
+        reserved = {START, START_FINAL, START_HARD}
+        custom_sets = {name: own for name, overrides in self.entries.items()
+                       if (own := [o for o in overrides if o.partition("=")[0].strip() in STUDY_SETS - {"algo"}])}
         checks = [
+            (not (clash := [e for e in self.entries if e in builtin or e in reserved]),
+             f"--entry {clash} would replace a built-in entry of that name; choose another name"),
+            (all(re.fullmatch(r"[A-Za-z0-9_.+-]+", e) for e in self.entries),
+             f"entry names {list(self.entries)} may hold only letters, digits and _.+- (they name run folders)"),
+            (all(all("=" in o for o in overrides) for overrides in self.entries.values()),
+             f"every --entry override is key=value: {self.entries}"),
+            (not custom_sets, f"the study sets seed, steps, max_rollouts, run_dir, name and resume itself; "
+                              f"drop them from --entry {custom_sets}"),
             (not (bad := [a for a in self.algos if a not in known]),
              f"unknown grid entries {bad}; known: {', '.join(known)}"),
+            (not (bad := [e for e in self.extend if e not in known]), f"--extend names unknown entries {bad}"),
+            (all(f > 1 for f in self.extend.values()), f"--extend factors must be > 1: {self.extend}"),
             (bool(self.seeds), "give at least one seed"),
             (self.budget >= 1, f"budget={self.budget} must be >= 1 rollout"),
             (1 <= self.checkpoints <= self.budget, f"checkpoints={self.checkpoints} must be in 1..budget"),
-            (self.k >= 1, f"k={self.k} must be >= 1 (the study's hard set wants k >= 16)"),
+            (self.spacing in ("log", "linear"), f"spacing={self.spacing!r}: log or linear"),
+            (min(self.k, self.final_k, self.hard_k) >= 1, f"k={self.k}, final_k={self.final_k} and "
+                                                          f"hard_k={self.hard_k} must be >= 1"),
             (self.jobs >= 1, f"jobs={self.jobs} must be >= 1"),
             (not (own := [o for o in self.overrides if o.partition("=")[0].strip() in STUDY_SETS]),
              f"the study sets {', '.join(sorted(STUDY_SETS))} itself; drop {own}"),
@@ -205,7 +285,36 @@ class StudyOptions:
 
     @property
     def budgets(self) -> list[int]:
-        return sorted({self.budget * i // self.checkpoints for i in range(1, self.checkpoints + 1)})
+        """The checkpoints every entry is evaluated at, the last the budget."""
+        return checkpoint_budgets(self.budget, self.checkpoints, self.spacing)
+
+    def entry_budgets(self, entry: str) -> list[int]:
+        """An entry's checkpoints: the common ones, then its --extend ones."""
+        extra = (extended_budgets(self.budget, self.checkpoints, self.spacing, self.extend[entry])
+                 if entry in self.extend else [])
+        return [*self.budgets, *extra]
+
+    def is_final(self, entry: str, budget: int) -> bool:
+        """Evaluated with final_k samples: the common budget, and an extended entry's last checkpoint."""
+        return budget in (self.budget, self.entry_budgets(entry)[-1])
+
+    def overrides_of(self, entry: str) -> list[str]:
+        return {**ENTRIES, **KNOBS, **self.entries}[entry]
+
+    @property
+    def checkpoint_seed(self) -> int:
+        """The sampling seed of every evaluation at k: the start's and every checkpoint's, so they pair."""
+        return self.eval_seed + 1
+
+    @property
+    def final_seed(self) -> int:
+        """The sampling seed of every evaluation at final_k (the checkpoint seed when final_k = k: one evaluation
+        serves both)."""
+        return self.checkpoint_seed if self.final_k == self.k else self.eval_seed + 2
+
+    @property
+    def hard_seed(self) -> int:
+        return self.eval_seed + HARD_SEED_OFFSET
 
 
 # ----------------------------------------------------------------------------- training and evaluation
@@ -219,13 +328,14 @@ def train_segment(opts: StudyOptions, entry: str, seed: int, budget: int) -> tup
     """Train run `entry`-s`seed` until `budget` rollouts (a new run, or resumed from its newest checkpoint).
     Returns the run directory and the seconds it took."""
     run_dir = Path(opts.runs) / f"{entry}-s{seed}"
+    # steps = the entry's last budget never binds first: every step generates at least one rollout
+    steps = opts.entry_budgets(entry)[-1]
     if run_dir.is_dir() and checkpoint_steps(run_dir):
-        cfg = resume_config(run_dir, [f"max_rollouts={budget}"])
+        cfg = resume_config(run_dir, [f"max_rollouts={budget}", f"steps={steps}"])
     else:
         shutil.rmtree(run_dir, ignore_errors=True)  # a run killed before its first checkpoint starts over
-        # steps = the whole budget never binds first: every step generates at least one rollout
-        cfg = load_config(opts.preset, None, [*opts.overrides, *{**ENTRIES, **KNOBS}[entry], f"seed={seed}",
-                                              f"steps={opts.budget}", f"max_rollouts={budget}",
+        cfg = load_config(opts.preset, None, [*opts.overrides, *opts.overrides_of(entry), f"seed={seed}",
+                                              f"steps={steps}", f"max_rollouts={budget}",
                                               f"run_dir={opts.runs}", f"name={run_dir.name}"])
     t0 = time.perf_counter()
     train(cfg, quiet=True)
@@ -234,31 +344,57 @@ def train_segment(opts: StudyOptions, entry: str, seed: int, budget: int) -> tup
     return run_dir, seconds
 
 
-def evaluate_policy(opts: StudyOptions, cfg, model: str, checkpoint: int | None, seed: int) -> dict:
-    """k samples (temperature 1) and one greedy answer per held-out prompt, through `bapo eval`'s code."""
+def evaluate_policy(opts: StudyOptions, cfg, model: str, checkpoint: int | None, seed: int, k: int | None = None,
+                    greedy: bool = True) -> dict:
+    """k samples (temperature 1, default opts.k) and one greedy answer per held-out prompt, through `bapo eval`'s
+    code: the same numbers as `bapo eval --k K --seed SEED` (and `--temperature 0`), so two evaluations with one
+    (k, seed) are paired by prompt and sampling seed whatever else was evaluated before them."""
+    k = opts.k if k is None else k
     common = dict(model=model, checkpoint=checkpoint, task=cfg.task, splits=[opts.split], source=opts.source,
                   template=cfg.task_options.get("template"), limit=opts.limit, options={},
                   max_new_tokens=cfg.max_response_length, batch_size=opts.eval_batch_size, device=cfg.device,
                   seed=seed, tasks_dirs=list(cfg.tasks_dirs), quiet=True)
-    s = setup(EvalOptions(**common, k=opts.k, temperature=1.0))
+    s = setup(EvalOptions(**common, k=k, temperature=1.0))
     backend = load_backend(s.cfg, s.checkpoint_dir)  # once for both passes
     per_call = s.cfg.generate_batch_size
-    sampled = evaluate(backend, s.task, s.sets, opts.k, quiet=True, per_call=max(1, per_call // opts.k))[opts.split]
-    greedy = evaluate(backend, s.task, s.sets, 1, quiet=True, greedy=True, per_call=per_call)[opts.split]
+    sampled = evaluate(backend, s.task, s.sets, k, quiet=True, per_call=max(1, per_call // k))[opts.split]
+    row = {"mean@k": sampled["mean@k"], "pass@k": sampled["pass@k"], "n": sampled["n"],
+           "counts": sampled["problems"]}
+    if greedy:  # per prompt too (0 or 1), for intervals over prompts
+        answered = evaluate(backend, s.task, s.sets, 1, quiet=True, greedy=True, per_call=per_call)[opts.split]
+        row = {"greedy": answered["mean@k"], "greedy_counts": answered["problems"], **row}
     del backend
     gc.collect()
-    return {"greedy": greedy["mean@k"], "mean@k": sampled["mean@k"], "pass@k": sampled["pass@k"],
-            "n": sampled["n"], "counts": sampled["problems"]}
+    return row
 
 
-def newest_checkpoint(run_dir: Path) -> tuple[int, int, float]:
-    """(step, rollouts, training seconds) of a run up to its newest checkpoint, from its record (truncated to that
-    checkpoint on every resume). The seconds are the steps' own timings (generate, score, train, sync): a run
-    restarted on another machine, or resumed, counts each step once, and model loading not at all."""
+def evaluate_row(opts: StudyOptions, cfg, model: str, checkpoint: int | None, final: bool) -> dict:
+    """A ledger row's evaluations: at a final budget final_k samples with the final seed, and (final_k != k) also
+    k samples with the checkpoint seed under "curve", so every checkpoint's curve point is one measure; elsewhere k
+    samples with the checkpoint seed. "k" and "sample_seed" say which."""
+    k, seed = (opts.final_k, opts.final_seed) if final else (opts.k, opts.checkpoint_seed)
+    row = {"k": k, "sample_seed": seed, **evaluate_policy(opts, cfg, model, checkpoint, seed, k)}
+    if (k, seed) != (opts.k, opts.checkpoint_seed):
+        row["curve"] = {"k": opts.k, "sample_seed": opts.checkpoint_seed,
+                        **evaluate_policy(opts, cfg, model, checkpoint, opts.checkpoint_seed, greedy=False)}
+    return row
+
+
+def curve_point(row: dict) -> dict:
+    """A row's evaluation at k with the checkpoint seed (mean@k, pass@k, counts): the curves' one measure."""
+    return row.get("curve", row)
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[int, int, int, float]:
+    """(step, rollouts, optimizer steps, training seconds) of a run up to its newest checkpoint, from its record
+    (truncated to that checkpoint on every resume). Optimizer steps sum the steps' own count (a step may take
+    several mini-batch updates, or none). The seconds are the steps' own timings (generate, score, train, sync): a
+    run restarted on another machine, or resumed, counts each step once, and model loading not at all."""
     step = checkpoint_steps(run_dir)[-1]
-    rollouts, seconds = query_ro(run_dir, "SELECT COALESCE(SUM(rollouts), 0), COALESCE(SUM(t_generate + t_score + "
-                                          "t_train + t_sync), 0) FROM steps WHERE step <= ?", (step,))[0]
-    return step, rollouts, seconds
+    rollouts, updates, seconds = query_ro(
+        run_dir, "SELECT COALESCE(SUM(rollouts), 0), COALESCE(SUM(json_extract(metrics, '$.optimizer_steps')), 0), "
+                 "COALESCE(SUM(t_generate + t_score + t_train + t_sync), 0) FROM steps WHERE step <= ?", (step,))[0]
+    return step, rollouts, int(updates), seconds
 
 
 def record_evals(run_dir: Path, step: int, row: dict, hard: list[str], k: int) -> None:
@@ -318,53 +454,82 @@ class Ledger:
             os.close(fd)
 
 
+def study_settings(opts: StudyOptions, cfg) -> dict:
+    """What the ledger's rows depend on, as its first line holds it: a ledger with other settings is refused."""
+    settings = {"config": cfg.to_dict(), "k": opts.k, "final_k": opts.final_k, "hard_k": opts.hard_k,
+                "split": opts.split, "source": opts.source, "limit": opts.limit, "eval_seed": opts.eval_seed,
+                "budget": opts.budget, "spacing": opts.spacing, "budgets": opts.budgets,
+                "extend": {e: opts.entry_budgets(e)[len(opts.budgets):] for e in sorted(opts.extend)},
+                "entries": {e: opts.entries[e] for e in sorted(opts.entries)}}
+    return json.loads(json.dumps(settings))  # as the ledger file holds it (tuples -> lists)
+
+
 def run_study(opts: StudyOptions, say=print) -> dict:
     """Evaluate the start policy, train and evaluate every (entry, seed) at every budget; returns the ledger rows
-    as {"start": row, "resampled": row, "runs": [rows]} (rows without per-prompt counts but with migration)."""
+    as {"start", "start_final", "start_hard": row, "runs": [rows]}, each row with its hard set unlocked, its bins
+    and its migration from the start evaluation of the same k."""
     cfg = base_config(opts)
-    settings = {"config": cfg.to_dict(), "k": opts.k, "split": opts.split, "source": opts.source, "limit": opts.limit,
-                "eval_seed": opts.eval_seed, "budget": opts.budget, "budgets": opts.budgets}
-    settings = json.loads(json.dumps(settings))  # as the ledger file holds it (tuples -> lists)
+    settings = study_settings(opts, cfg)
     ledger = Ledger(Path(opts.runs) / "study.jsonl", settings)
-    for name, seed in ((START, opts.eval_seed), (RESAMPLED, opts.eval_seed + 1)):
-        if ledger.get(name, None, 0) is None:
-            say(f"evaluating the start policy {cfg.model} (seed {seed}, k={opts.k})")
-            ledger.add({"entry": name, "seed": None, "budget": 0, "step": 0, "rollouts": 0, "train_seconds": 0.0,
-                        "device": device(cfg.device), **evaluate_policy(opts, cfg, cfg.model, None, seed)})
-    start = ledger.get(START, None, 0)
-    hard = hard_set(start["counts"])
+    start_evals = ((START, opts.k, opts.checkpoint_seed), (START_FINAL, opts.final_k, opts.final_seed),
+                   (START_HARD, opts.hard_k, opts.hard_seed))
+    for name, k, seed in start_evals:
+        if ledger.get(name, None, 0) is not None:
+            continue
+        done = [r for other, *_ in start_evals if (r := ledger.get(other, None, 0)) is not None]
+        same = [r for r in done if (r["k"], r["sample_seed"]) == (k, seed)]  # final_k = k: start_final is start
+        if not same:
+            say(f"evaluating the start policy {cfg.model} ({name}: k={k}, seed {seed})")
+        found = ({key: same[0][key] for key in ("k", "sample_seed", "mean@k", "pass@k", "n", "counts")} if same else
+                 {"k": k, "sample_seed": seed, **evaluate_policy(opts, cfg, cfg.model, None, seed, k,
+                                                                 greedy=name == START)})
+        if name != START:  # greedy is deterministic: the start's
+            found |= {key: ledger.get(START, None, 0)[key] for key in ("greedy", "greedy_counts")}
+        ledger.add({"entry": name, "seed": None, "budget": 0, "step": 0, "rollouts": 0, "optimizer_steps": 0,
+                    "train_seconds": 0.0, "device": device(cfg.device), **found})
+    hard = hard_set(ledger.get(START_HARD, None, 0)["counts"])
     if opts.jobs > 1:  # every run in its own process; then the loop below finds everything in the ledger
         run_parallel(opts, [(e, s) for e in opts.algos for s in opts.seeds
-                            if any(ledger.get(e, s, b) is None for b in opts.budgets)], say)
+                            if any(ledger.get(e, s, b) is None for b in opts.entry_budgets(e))], say)
         ledger = Ledger(ledger.path, settings)  # with the children's rows
     for entry in opts.algos:
         for seed in opts.seeds:
-            for budget in opts.budgets:
+            for budget in opts.entry_budgets(entry):
                 if ledger.get(entry, seed, budget) is not None:
                     continue
                 run_dir, seconds = train_segment(opts, entry, seed, budget)
-                step, rollouts, train_seconds = newest_checkpoint(run_dir)
+                step, rollouts, updates, train_seconds = newest_checkpoint(run_dir)
                 if rollouts < budget:
                     raise RuntimeError(f"{run_dir} stopped at {rollouts} rollouts (step {step}), under the budget "
-                                       f"{budget}: its steps={opts.budget} cap should never bind")
+                                       f"{budget}: its steps cap should never bind")
                 say(f"{entry} seed {seed}: {rollouts} rollouts at step {step} (budget {budget}), {seconds:.1f} s")
-                row = evaluate_policy(opts, cfg, str(run_dir), step, opts.eval_seed + 1)
-                record_evals(run_dir, step, row, hard, opts.k)  # first: a kill before the ledger line redoes both
+                row = evaluate_row(opts, cfg, str(run_dir), step, opts.is_final(entry, budget))
+                record_evals(run_dir, step, row, hard, row["k"])  # first: a kill before the ledger line redoes both
                 ledger.add({"entry": entry, "seed": seed, "budget": budget, "step": step, "rollouts": rollouts,
-                            "train_seconds": train_seconds, "device": device(cfg.device), **row})
+                            "optimizer_steps": updates, "train_seconds": train_seconds, "device": device(cfg.device),
+                            **row})
                 if not opts.keep_checkpoints:
                     for old in [s for s in checkpoint_steps(run_dir) if s != step]:
                         shutil.rmtree(run_dir / "checkpoints" / f"step_{old}")
 
-    def brief(row):
-        out = {k: v for k, v in row.items() if k != "counts"}
-        return out | {"unlocked": unlocked(hard, row["counts"]), "bins": np.bincount(
-            list(row["counts"].values()), minlength=opts.k + 1).tolist(),
-            "migration": migration(start["counts"], row["counts"], opts.k)}
+    starts = {name: ledger.get(name, None, 0) for name in (START, START_FINAL, START_HARD)}
+    runs = [brief(ledger.get(e, s, b), hard, starts.values())
+            for e in opts.algos for s in opts.seeds for b in opts.entry_budgets(e)]
+    return {"settings": settings, "hard_set": len(hard),
+            **{name: brief(r, hard, starts.values()) for name, r in starts.items()}, "runs": runs}
 
-    runs = [brief(ledger.get(e, s, b)) for e in opts.algos for s in opts.seeds for b in opts.budgets]
-    return {"settings": settings, "hard_set": len(hard), "start": brief(start),
-            "resampled": brief(ledger.get(RESAMPLED, None, 0)), "runs": runs}
+
+def brief(row: dict, hard: list[str], starts) -> dict:
+    """The row with its hard set unlocked, its bins and its migration from the start evaluation of the same k and
+    sampling seed (one of `starts`); its curve point (if any) likewise."""
+    reference = {(r["k"], r["sample_seed"]): r for r in starts}[row["k"], row["sample_seed"]]
+    out = {**row, "unlocked": unlocked(hard, row["counts"]),
+           "bins": np.bincount(list(row["counts"].values()), minlength=row["k"] + 1).tolist(),
+           "migration": migration(reference["counts"], row["counts"], row["k"])}
+    if "curve" in row:
+        out["curve"] = brief({**row["curve"], "greedy": row["greedy"], "greedy_counts": row["greedy_counts"]}, hard,
+                             starts)
+    return out
 
 
 def run_parallel(opts: StudyOptions, pairs: list[tuple[str, int]], say=print) -> None:
@@ -406,13 +571,20 @@ def run_parallel(opts: StudyOptions, pairs: list[tuple[str, int]], say=print) ->
 
 
 def child_argv(opts: StudyOptions, entry: str, seed: int) -> list[str]:
-    """The command of one (entry, seed) of a --jobs study: the same settings, that run only, no report."""
+    """The command of one (entry, seed) of a --jobs study: the same settings, that run only, no report. Every
+    --entry and --extend goes along (the ledger's settings hold them all), but only `entry` is in its grid."""
     argv = [sys.executable, "-m", "bapo_vl.study", "--algos", entry, "--seeds", str(seed), "--jobs", "1",
-            "--no-report", "--budget", str(opts.budget), "--checkpoints", str(opts.checkpoints), "--k", str(opts.k),
-            "--split", opts.split, "--runs", opts.runs, "--eval-seed", str(opts.eval_seed)]
+            "--no-report", "--budget", str(opts.budget), "--checkpoints", str(opts.checkpoints),
+            "--spacing", opts.spacing, "--k", str(opts.k), "--final-k", str(opts.final_k),
+            "--hard-k", str(opts.hard_k), "--split", opts.split, "--runs", opts.runs,
+            "--eval-seed", str(opts.eval_seed)]
     for flag, value in (("--source", opts.source), ("--limit", opts.limit), ("--preset", opts.preset),
                         ("--eval-batch-size", opts.eval_batch_size)):
         argv += [flag, str(value)] if value is not None else []
+    for name, overrides in opts.entries.items():
+        argv += ["--entry", f"{name}={shlex.join(overrides)}"]
+    for name, factor in opts.extend.items():
+        argv += ["--extend", f"{name}={factor!r}"]
     return argv + (["--keep-checkpoints"] if opts.keep_checkpoints else []) + opts.overrides
 
 
@@ -425,12 +597,224 @@ def child_gpus(setting: str) -> list[str]:
     return visible[:torch.cuda.device_count()] or [str(i) for i in range(torch.cuda.device_count())]
 
 
-# ----------------------------------------------------------------------------- the report
+# ----------------------------------------------------------------------------- the report's statistics
+
+RESAMPLES = 10_000  # hierarchical bootstrap resamples of every interval and test at the budget
+BAND_RESAMPLES = 2_000  # per checkpoint, for the plots' bands
+RATIO_RESAMPLES = 2_000  # seed resamples of a rollouts-to-target ratio
+METRICS = ("mean@k", "greedy")  # the two measures tested at the budget
 
 
 def final_rows(result: dict, entry: str) -> list[dict]:
+    """An entry's rows at the common budget, by seed."""
     budget = result["settings"]["budget"]
-    return [r for r in result["runs"] if r["entry"] == entry and r["budget"] == budget]
+    return sorted((r for r in result["runs"] if r["entry"] == entry and r["budget"] == budget),
+                  key=lambda r: r["seed"])
+
+
+def entry_rows(result: dict, entry: str, budget: int) -> list[dict]:
+    return sorted((r for r in result["runs"] if r["entry"] == entry and r["budget"] == budget),
+                  key=lambda r: r["seed"])
+
+
+def accuracy(rows: list[dict], uids: list[str], metric: str = "mean@k") -> np.ndarray:
+    """(rows, prompts) per-prompt accuracy: correct / k of the sampled answers, or 0/1 of the greedy one."""
+    if metric == "greedy":
+        return np.array([[r["greedy_counts"][u] for u in uids] for r in rows], dtype=float)
+    return np.array([[r["counts"][u] / r["k"] for u in uids] for r in rows], dtype=float)
+
+
+def paired(result: dict, a: str, b: str) -> tuple[list[dict], list[dict]]:
+    """The final rows of a and b for the seeds both ran, in the same order (row s of each from seed s)."""
+    rows_a, rows_b = ({r["seed"]: r for r in final_rows(result, e)} for e in (a, b))
+    seeds = sorted(rows_a.keys() & rows_b.keys())
+    return [rows_a[s] for s in seeds], [rows_b[s] for s in seeds]
+
+
+def versus(result: dict, a: str, b: str, metric: str, resamples: int = RESAMPLES) -> dict:
+    """a - b at the budget, paired by seed and prompt: the hierarchical bootstrap's difference, interval and p."""
+    rows_a, rows_b = paired(result, a, b)
+    uids = sorted(result["start_final"]["counts"])
+    return hierarchical_bootstrap_diff(accuracy(rows_a, uids, metric), accuracy(rows_b, uids, metric), resamples)
+
+
+def gain(result: dict, entry: str, metric: str, resamples: int = RESAMPLES) -> dict:
+    """entry - start_final at the budget, paired by prompt: the start policy is one policy, so it is the same row
+    for every seed."""
+    rows, uids = final_rows(result, entry), sorted(result["start_final"]["counts"])
+    start = accuracy([result["start_final"]], uids, metric)
+    return hierarchical_bootstrap_diff(accuracy(rows, uids, metric), np.repeat(start, len(rows), axis=0), resamples)
+
+
+def curves(result: dict, entry: str, upto: int | None = None) -> dict[int, list[tuple[float, float]]]:
+    """seed -> [(rollouts, mean@k at k)], from the start (0 rollouts) through the entry's checkpoints (up to
+    budget `upto`): one measure along the whole curve."""
+    start = (0.0, result["start"]["mean@k"])
+    by_seed: dict[int, list] = {}
+    for r in sorted(result["runs"], key=lambda r: r["budget"]):
+        if r["entry"] == entry and (upto is None or r["budget"] <= upto):
+            by_seed.setdefault(r["seed"], [start]).append((float(r["rollouts"]), curve_point(r)["mean@k"]))
+    return by_seed
+
+
+def rollouts_ratio(result: dict, a: str, b: str, resamples: int = RATIO_RESAMPLES) -> dict:
+    """How many rollouts a needs to reach b's final mean@k (b at the common budget), as a fraction of b's rollouts:
+    a's curve runs through all its checkpoints, extended ones too."""
+    a_curves, b_curves = curves(result, a), curves(result, b, upto=result["settings"]["budget"])
+    seeds = sorted(a_curves.keys() & b_curves.keys())
+    out = rollouts_ratio_bootstrap({s: a_curves[s] for s in seeds}, {s: b_curves[s] for s in seeds}, resamples)
+    # a's reach, as a multiple of b's rollouts: an unreached target says only "more than this"
+    reach = float(np.mean([a_curves[s][-1][0] for s in seeds]) / np.mean([b_curves[s][-1][0] for s in seeds]))
+    return {"entry": a, "reference": b, **out, "reach": reach}
+
+
+def bins_of(result: dict) -> tuple[list[str], list[list[str]]]:
+    """The coarse bins of the start policy's final_k evaluation and the prompts in each."""
+    start, k = result["start_final"]["counts"], result["start_final"]["k"]
+    members = [sorted(u for u, c in start.items() if lo <= c < hi) for lo, hi in coarse_edges(k)]
+    return COARSE_BINS, members
+
+
+def analyse(result: dict, opts: StudyOptions, resamples: int = RESAMPLES) -> dict:
+    """Every number the report states beyond the ledger's: intervals, paired tests with Holm's correction, gains
+    over the start policy, rollouts-to-target ratios, the differences by start bin, the curves' bands and the
+    targets. Deterministic (fixed bootstrap seeds)."""
+    uids = sorted(result["start_final"]["counts"])
+    present = [e for e in opts.algos if final_rows(result, e)]
+    sf = result["start_final"]
+
+    def summary(rows):
+        return {"seeds": [r["seed"] for r in rows],
+                **{m: hierarchical_bootstrap_mean(accuracy(rows, uids, m), resamples) for m in METRICS},
+                **{m: mean_sd([r[m] for r in rows]) for m in ("pass@k", "unlocked", "rollouts", "optimizer_steps",
+                                                              "step", "train_seconds")}}
+
+    out = {"resamples": resamples, "final": {e: summary(final_rows(result, e)) for e in present},
+           "start": {**{m: hierarchical_bootstrap_mean(accuracy([sf], uids, m), resamples) for m in METRICS},
+                     "pass@k": sf["pass@k"], "unlocked": sf["unlocked"]}}
+    out["versus"] = {}
+    if opts.baseline in present:
+        for m in METRICS:  # one family per measure: every entry against the baseline
+            tests = {e: versus(result, e, opts.baseline, m, resamples) for e in present if e != opts.baseline}
+            corrected = holm({e: t["p"] for e, t in tests.items()}) if tests else {}
+            for e, t in tests.items():
+                out["versus"].setdefault(e, {})[m] = {**t, "p_holm": corrected[e]["p_holm"],
+                                                      "reject": corrected[e]["reject"], "family": len(tests)}
+    out["gain"] = {e: {m: gain(result, e, m, resamples) for m in METRICS} for e in present}
+    pairs = [(e, opts.baseline) for e in present if e != opts.baseline and opts.baseline in present]
+    pairs += [(a, b) for a, b in [("bapo", "grpo"), *((e, "bapo") for e in opts.extend), ("dapo", "bapo")]
+              if a != b and {a, b} <= set(present) and (a, b) not in pairs]
+    out["ratios"] = [rollouts_ratio(result, a, b) for a, b in dict.fromkeys(pairs)]
+    labels, members = bins_of(result)
+    out["bins"] = {"labels": labels, "sizes": [len(m) for m in members], "versus": {}}
+    if opts.baseline in present:
+        for e in [e for e in present if e != opts.baseline]:
+            rows_a, rows_b = paired(result, e, opts.baseline)
+            out["bins"]["versus"][e] = [hierarchical_bootstrap_diff(accuracy(rows_a, m), accuracy(rows_b, m),
+                                                                    resamples) if m else None for m in members]
+    out["curves"] = {e: curve_bands(result, opts, e, uids) for e in present}
+    out["targets"] = targets(result, opts, out)
+    return out
+
+
+def curve_bands(result: dict, opts: StudyOptions, entry: str, uids: list[str]) -> list[dict]:
+    """The entry's curve at k, the start first: per checkpoint the mean over seeds of rollouts and optimizer steps,
+    and mean@k and greedy with hierarchical bootstrap intervals (BAND_RESAMPLES), pass@k and unlocked ± sd."""
+    points = [[result["start"]]] + [entry_rows(result, entry, b) for b in opts.entry_budgets(entry)]
+    out = []
+    for budget, rows in zip([0, *opts.entry_budgets(entry)], points):
+        if not rows:
+            continue
+        at_k = [curve_point(r) | {"greedy_counts": r["greedy_counts"]} for r in rows]
+        out.append({"budget": budget, "rollouts": float(np.mean([r["rollouts"] for r in rows])),
+                    "optimizer_steps": float(np.mean([r["optimizer_steps"] for r in rows])),
+                    **{m: hierarchical_bootstrap_mean(accuracy(at_k, uids, m), BAND_RESAMPLES) for m in METRICS},
+                    **{m: mean_sd([p[m] for p in at_k]) for m in ("pass@k", "unlocked")}})
+    return out
+
+
+def targets(result: dict, opts: StudyOptions, stats: dict) -> list[dict]:
+    """The study's targets, each {"target", "status": met | not met | not decided | not in this grid, "detail"}."""
+    fk, have = opts.final_k, set(stats["final"])
+    out = []
+
+    def add(target, needs, judge):
+        out.append({"target": target, **(judge() if set(needs) <= have else
+                                          {"status": "not in this grid", "detail": f"needs {', '.join(needs)}"})})
+
+    def interval(d, key="diff"):
+        return f"{d[key]:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}]"
+
+    def ratio_of(a, b):
+        return next(r for r in stats["ratios"] if (r["entry"], r["reference"]) == (a, b))
+
+    def ratio_text(r):
+        return (f"{_x(r['ratio'])} [{_x(r['low'])}, {_x(r['high'])}], reached in {r['reached_fraction']:.0%} of "
+                f"resamples")
+
+    def grpo_gains():
+        start = result["start_final"]
+        per_seed = [(r["seed"], r["mean@k"] - start["mean@k"], r["greedy"] - start["greedy"])
+                    for r in final_rows(result, "grpo")]
+        ok = all(dm >= 0.05 and dg >= 0 for _, dm, dg in per_seed)
+        seeds = "; ".join(f"seed {s}: {dm:+.3f} / {dg:+.3f}" for s, dm, dg in per_seed)
+        g = stats["gain"]["grpo"]
+        return {"status": "met" if ok else "not met",
+                "detail": f"Δ mean@{fk} {interval(g['mean@k'])}, Δ greedy {interval(g['greedy'])}; "
+                          f"per seed (Δ mean@{fk} / Δ greedy): {seeds}"}
+
+    def bapo_beats_grpo():
+        d = stats["versus"].get("bapo", {}).get("mean@k") if opts.baseline == "grpo" else None
+        d = d or versus(result, "bapo", "grpo", "mean@k", stats["resamples"])
+        return {"status": "met" if d["diff"] >= 0.02 and d["low"] > 0 else "not met",
+                "detail": f"Δ mean@{fk} {interval(d)}"}
+
+    def unimproved(r):  # a target the start policy already reaches says nothing about speed
+        return {"status": "not decided", "detail": f"{r['reference']}'s final mean@{opts.k} is not above the start "
+                                                   f"policy's, which reaches it at 0 rollouts"}
+
+    def bapo_faster():
+        r = ratio_of("bapo", "grpo")
+        if r["ratio"] == 0:
+            return unimproved(r)
+        return {"status": "met" if r["ratio"] <= 0.75 and r["high"] < 1 else "not met", "detail": ratio_text(r)}
+
+    def dapo_slower():
+        r = ratio_of("dapo", "bapo")
+        if r["ratio"] == 0:
+            return unimproved(r)
+        if math.isfinite(r["ratio"]):
+            status = "met" if r["ratio"] >= 1.5 else "not met"
+        else:  # not reached: all that is known is "more than its last checkpoint"
+            status = "met" if r["reach"] >= 1.5 else "not decided"
+        more = "" if status != "not decided" else (
+            f"; DAPO's checkpoints end at {r['reach']:.2f}x BAPO's rollouts without reaching it: "
+            "train it on with --extend dapo=2")
+        return {"status": status, "detail": ratio_text(r) + more}
+
+    def hard_set_ratio():
+        b, g = stats["final"]["bapo"]["unlocked"][0], stats["final"]["grpo"]["unlocked"][0]
+        floor = result["start_final"]["unlocked"]
+        ratio = lambda x, y: f"{x / y:.2f}x" if y > 0 else "n/a"  # noqa: E731
+        # a ratio of two figures under the floor that resampling the start policy reaches is no evidence
+        status = ("not met" if not (b >= 1.5 * g and b > 0) else "met" if b > floor else
+                  "met on paper, but no evidence: BAPO unlocks less than resampling the start policy does")
+        return {"status": status, "detail": f"{b:.3f} vs {g:.3f} ({ratio(b, g)}); above the resampling floor "
+                                            f"{floor:.3f}: {b - floor:+.3f} vs {g - floor:+.3f} "
+                                            f"({ratio(b - floor, g - floor)})"}
+
+    add(f"GRPO raises mean@{fk} by >= 0.05 over the start policy, greedy not lower, in every seed", ["grpo"],
+        grpo_gains)
+    add(f"BAPO - GRPO mean@{fk} >= +0.02, the interval above 0", ["bapo", "grpo"], bapo_beats_grpo)
+    add(f"BAPO reaches GRPO's final mean@{opts.k} with <= 0.75x GRPO's rollouts (the interval's upper end below 1)",
+        ["bapo", "grpo"], bapo_faster)
+    add(f"DAPO needs >= 1.5x BAPO's rollouts to reach BAPO's final mean@{opts.k}", ["dapo", "bapo"], dapo_slower)
+    add("BAPO's hard set unlocked >= 1.5x GRPO's, above the resampling floor", ["bapo", "grpo"], hard_set_ratio)
+    return out
+
+
+def _x(ratio: float) -> str:
+    return f"{ratio:.2f}x" if math.isfinite(ratio) else "∞"
 
 
 def _ms(xs: list[float], fmt: str = "{:.3f}") -> str:
@@ -438,106 +822,132 @@ def _ms(xs: list[float], fmt: str = "{:.3f}") -> str:
     return f"{fmt.format(m)} ± {fmt.replace('+', '').format(sd)}" if len(xs) > 1 else fmt.format(m)
 
 
-def report(result: dict, opts: StudyOptions, machine: dict, plots: bool = True) -> str:
-    s, k, start = result["settings"], opts.k, result["start"]
-    metrics = ["greedy", "mean@k", "pass@k", "unlocked"]
-    heads = ["greedy", f"mean@{k}", f"pass@{k}", "hard set unlocked"]
+def _ci(d: dict, key: str = "mean", fmt: str = "{:.3f}") -> str:
+    return f"{fmt.format(d[key])} [{fmt.format(d['low'])}, {fmt.format(d['high'])}]"
+
+
+def _p(p: float) -> str:
+    return f"{p:.4f}" if p >= 1e-4 else f"{p:.1e}"
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+def report(result: dict, opts: StudyOptions, machine: dict, stats: dict, plots: bool = True) -> str:
+    s, k, fk = result["settings"], opts.k, opts.final_k
+    n, hard, floor = result["start_final"]["n"], result["hard_set"], result["start_final"]["unlocked"]
+    extended = "; ".join(f"{e} trained on to {opts.entry_budgets(e)[-1]:,} (checkpoints "
+                         f"{', '.join(f'{b:,}' for b in opts.entry_budgets(e)[len(opts.budgets):])})"
+                         for e in opts.extend)
     lines = [f"# Study: {', '.join(opts.algos)} on {s['config']['task']} with {s['config']['model']}", "",
              "```", opts.command, "```", "",
              f"- trained and evaluated on {machine['device']}; report written {machine['date']} with torch "
              f"{machine['torch']}, commit {machine['commit']}",
              f"- budget {opts.budget:,} rollouts per run (fresh + re-evaluation), evaluated at "
-             f"{', '.join(f'{b:,}' for b in opts.budgets)}; seeds {', '.join(map(str, opts.seeds))} "
-             "(mean ± sd over seeds)",
-             f"- held-out: split `{opts.split}`{f' of {opts.source}' if opts.source else ''}, {start['n']} prompts, "
-             f"k={k} samples at temperature 1 and one greedy answer each",
-             f"- hard set: {result['hard_set']} prompts ({result['hard_set'] / max(start['n'], 1):.1%}) that the start "
-             f"policy got 0/{k} right; unlocked = the fraction of them solved >= 1/{k} by fresh samples. The start "
-             f"policy itself, resampled, unlocks {result['resampled']['unlocked']:.3f}: the floor from sampling alone",
+             f"{', '.join(f'{b:,}' for b in opts.budgets)} ({opts.spacing} spacing)"
+             + (f"; {extended}" if extended else "") + f"; seeds {', '.join(map(str, opts.seeds))}",
+             f"- held-out: split `{opts.split}`{f' of {opts.source}' if opts.source else ''}, {n} prompts, one "
+             f"greedy answer each and k samples at temperature 1: k = {k} at every checkpoint (sampling seed "
+             f"{opts.checkpoint_seed}), k = {fk} at the final budget (seed {opts.final_seed}); every method and the "
+             "start policy with the same seeds, so the rows are paired by prompt and sampling seed",
+             f"- hard set: {hard} prompts ({hard / max(n, 1):.1%}) that the start policy got 0/{opts.hard_k} right "
+             f"in samples of their own (seed {opts.hard_seed}); unlocked = the fraction of them solved >= 1/{fk} at "
+             f"the budget. The start policy's own final evaluation unlocks {floor:.3f}: the floor from sampling alone",
+             f"- intervals: 95 %, hierarchical bootstrap over training seeds and then prompts within each "
+             f"({stats['resamples']:,} resamples); differences paired by seed and prompt",
              "", f"## At the budget ({opts.budget:,} rollouts)", "",
-             "| | " + " | ".join(heads) + f" | rollouts | steps | train s | Δ mean@{k} per 1k rollouts |",
-             "| --- " * (len(heads) + 5) + "|"]
-    for name, row in (("start policy", start), ("start policy, resampled", result["resampled"])):
-        lines.append(f"| {name} | " + " | ".join(f"{row[m]:.3f}" for m in metrics) + " | – | – | – | – |")
-    for entry in opts.algos:
-        rows = final_rows(result, entry)
-        gain = [(r["mean@k"] - start["mean@k"]) / (r["rollouts"] / 1000) for r in rows]
-        cells = [*(_ms([r[m] for r in rows]) for m in metrics), _ms([r["rollouts"] for r in rows], "{:,.0f}"),
-                 _ms([r["step"] for r in rows], "{:.0f}"), _ms([r["train_seconds"] for r in rows], "{:.1f}"),
-                 _ms(gain, "{:+.4f}")]
+             f"| | mean@{fk} [95 % interval] | greedy [95 % interval] | pass@{fk} | hard set unlocked | rollouts | "
+             "optimizer steps | steps | train s |", "| --- " * 9 + "|"]
+    st = stats["start"]
+    lines.append(f"| start policy | {_ci(st['mean@k'])} | {_ci(st['greedy'])} | {st['pass@k']:.3f} | "
+                 f"{st['unlocked']:.3f} (floor) | – | – | – | – |")
+    for entry, f in stats["final"].items():
+        cells = [_ci(f["mean@k"]), _ci(f["greedy"]), _ms([r["pass@k"] for r in final_rows(result, entry)]),
+                 *(_ms([r[m] for r in final_rows(result, entry)], fmt) for m, fmt in (
+                     ("unlocked", "{:.3f}"), ("rollouts", "{:,.0f}"), ("optimizer_steps", "{:,.0f}"),
+                     ("step", "{:.0f}"), ("train_seconds", "{:.1f}")))]
         lines.append(f"| {entry} | " + " | ".join(cells) + " |")
-    lines += ["", f"Δ mean@{k} per 1k rollouts = (mean@{k} - the start policy's) / (rollouts / 1000). "
-              "Steps: training steps (policy updates) taken to spend the budget: equal rollouts are not equal updates "
-              "(DAPO's dynamic sampling and BAPO's re-evaluations spend rollouts without an update). "
+    lines += ["", "pass@k, hard set unlocked, rollouts, steps: mean ± sd over seeds. Steps: training steps taken to "
+              "spend the budget; optimizer steps: the updates they made (mini-batches x epochs). Equal rollouts are "
+              "not equal updates: DAPO's dynamic sampling and BAPO's re-evaluations spend rollouts without one. "
               "Train s: the steps' recorded generate + score + train + sync seconds (no model loading, checkpoints or "
               "evaluations); compare them only between runs on the same device."]
-    lines += comparison(result, opts, metrics, heads) + targets(result, opts)
+    lines += comparison(stats, opts) + gains(stats, opts) + ratio_table(stats, opts) + targets_section(stats)
     lines += checkpoint_table(result, opts) + budget_check(result, opts) + bin_table(result, opts)
-    lines += migration_tables(result, opts)
-    lines += ["", "Plots: `accuracy.png` (greedy, mean@k, pass@k vs rollouts; band = ± sd over seeds), "
-              "`unlocked.png` (hard set unlocked vs rollouts)." if plots else "No plots: matplotlib was missing.",
+    lines += bin_versus_table(stats, opts) + migration_tables(result, opts)
+    lines += ["", "Figures: `accuracy.png` (mean@k, greedy and pass@k at k against rollouts, log axis, the start "
+              f"policy drawn left of the first checkpoint; bands: 95 % hierarchical bootstrap intervals, "
+              f"{BAND_RESAMPLES:,} resamples per checkpoint, for mean@k and greedy, ± sd over seeds for pass@k), "
+              "`updates.png` (mean@k against optimizer steps, the same bands), `unlocked.png` (hard set unlocked "
+              "against rollouts, with the resampling floor), `forest.png` (the paired differences against "
+              f"{opts.baseline} with their intervals, overall and by the start policy's bin)."
+              if plots else "No figures: matplotlib was missing.",
               "Numbers: `results.json`; every evaluation, with per-prompt counts: the ledger `study.jsonl`.", ""]
     return "\n".join(lines)
 
 
-def comparison(result, opts, metrics, heads) -> list[str]:
-    base = final_rows(result, opts.baseline)
-    if not base:
+def comparison(stats: dict, opts: StudyOptions) -> list[str]:
+    if not stats["versus"]:
         return []
-    out = ["", f"## Against {opts.baseline} (difference of seed means; \"noise\" = within 2 standard errors of the "
-           "difference, a rough rule for few seeds)", "",
-           "| | " + " | ".join(heads) + " |", "| --- " * (len(heads) + 1) + "|"]
-    for entry in [e for e in opts.algos if e != opts.baseline]:
-        cells = []
-        for m in metrics:
-            a, b = [r[m] for r in final_rows(result, entry)], [r[m] for r in base]
-            noise = within_noise(a, b)
-            cells.append(f"{np.mean(a) - np.mean(b):+.3f}" + {True: " (noise)", False: "", None: " (1 seed)"}[noise])
+    fk = opts.final_k
+    m = next(iter(stats["versus"].values()))["mean@k"]["family"]
+    out = ["", f"## Against {opts.baseline}: paired differences at the budget", "",
+           f"Each entry minus {opts.baseline}, paired by seed and prompt (hierarchical bootstrap, two-sided p). Holm's "
+           f"correction over the {m} comparison{'s' * (m > 1)} of each measure (family-wise error 0.05); "
+           "\"differs\": the corrected test rejects no difference.", "",
+           f"| | Δ mean@{fk} [95 % interval] | p | p (Holm) | differs | Δ greedy [95 % interval] | p | p (Holm) | "
+           "differs |", "| --- " * 9 + "|"]
+    for entry, tests in stats["versus"].items():
+        cells = [c for t in (tests["mean@k"], tests["greedy"]) for c in (
+            _ci(t, "diff", "{:+.3f}"), _p(t["p"]), _p(t["p_holm"]), "yes" if t["reject"] else "no")]
         out.append(f"| {entry} | " + " | ".join(cells) + " |")
     return out
 
 
-def targets(result, opts) -> list[str]:
-    """Issue 13's targets, each said met or not (those whose entries ran)."""
-    mean = lambda entry, m: float(np.mean([r[m] for r in final_rows(result, entry)]))
-    have = set(opts.algos)
-    out = ["", "## Issue 13's targets at this budget", ""]
-    if {"bapo", "grpo"} <= have:
-        d = mean("bapo", "mean@k") - mean("grpo", "mean@k")
-        out.append(f"- BAPO mean@{opts.k} >= GRPO's + 0.02: {d:+.3f} -> {'met' if d >= 0.02 else 'not met'}")
-        b, g, floor = mean("bapo", "unlocked"), mean("grpo", "unlocked"), result["resampled"]["unlocked"]
-        ratio = lambda x, y: f"{x / y:.2f}x" if y > 0 else "n/a"
-        # a ratio of two figures under the floor that resampling the start policy reaches is no evidence
-        verdict = ("not met" if not (b >= 1.5 * g and b > 0) else "met" if b > floor else
-                   "met on paper, but no evidence: BAPO unlocks less than resampling the start policy does")
-        out.append(f"- BAPO hard set unlocked >= 1.5x GRPO's: {b:.3f} vs {g:.3f} ({ratio(b, g)}) -> {verdict}; "
-                   f"above the resampling floor {floor:.3f}: {b - floor:+.3f} vs {g - floor:+.3f} "
-                   f"({ratio(b - floor, g - floor)})")
-    if {"bapo", "dapo"} <= have:
-        d = mean("bapo", "mean@k") - mean("dapo", "mean@k")
-        out.append(f"- BAPO mean@{opts.k} >= DAPO's: {d:+.3f} -> {'met' if d >= 0 else 'not met'}")
-        goal, spent = mean("bapo", "mean@k"), mean("bapo", "rollouts")
-        dapo = [[r for r in result["runs"] if r["entry"] == "dapo" and r["budget"] == b] for b in opts.budgets]
-        reached = [float(np.mean([r["rollouts"] for r in rows])) for rows in dapo
-                   if np.mean([r["mean@k"] for r in rows]) >= goal]
-        out.append(f"- DAPO needs >= 2x BAPO's rollouts to reach BAPO's final mean@{opts.k} ({goal:.3f} at "
-                   f"{spent:,.0f} rollouts): " + (
-                       f"DAPO reaches it at its checkpoint of {reached[0]:,.0f} rollouts ({reached[0] / spent:.2f}x) "
-                       f"-> {'met' if reached[0] >= 2 * spent else 'not met'}" if reached else
-                       "DAPO does not reach it within the budget; >= 2x needs a DAPO run at twice the budget "
-                       "(--budget, another --runs folder) -> untested"))
-    return out if len(out) > 3 else []
+def gains(stats: dict, opts: StudyOptions) -> list[str]:
+    fk = opts.final_k
+    out = ["", "## Gain over the start policy at the budget", "",
+           "Each entry minus the start policy's final evaluation, paired by prompt (the start policy is the same row "
+           "for every seed).", "", f"| | Δ mean@{fk} [95 % interval] | Δ greedy [95 % interval] |",
+           "| --- " * 3 + "|"]
+    out += [f"| {e} | {_ci(g['mean@k'], 'diff', '{:+.3f}')} | {_ci(g['greedy'], 'diff', '{:+.3f}')} |"
+            for e, g in stats["gain"].items()]
+    return out
+
+
+def ratio_table(stats: dict, opts: StudyOptions) -> list[str]:
+    if not stats["ratios"]:
+        return []
+    out = ["", f"## Rollouts to reach another entry's final mean@{opts.k}", "",
+           f"The rollouts an entry needs to reach the reference's mean@{opts.k} at the budget, as a multiple of the "
+           f"reference's rollouts: both curves at k = {opts.k} from the start policy (0 rollouts) through every "
+           "checkpoint (an extended entry's too), interpolated in log rollouts between checkpoints. Interval: "
+           f"{RATIO_RESAMPLES:,} resamples of the seeds, paired (the curves are already means over prompts); ∞: not "
+           "reached within the entry's checkpoints; 0x: the start policy already reaches it (the reference did not "
+           "improve on the start).", "",
+           "| entry | reference | rollouts ratio [95 % interval] | reached in | entry's last checkpoint |",
+           "| --- " * 5 + "|"]
+    out += [f"| {r['entry']} | {r['reference']} | {_x(r['ratio'])} [{_x(r['low'])}, {_x(r['high'])}] | "
+            f"{r['reached_fraction']:.0%} of resamples | {r['reach']:.2f}x |" for r in stats["ratios"]]
+    return out
+
+
+def targets_section(stats: dict) -> list[str]:
+    return ["", "## Targets", "", *(f"- {t['target']}: **{t['status']}** ({t['detail']})" for t in stats["targets"])]
 
 
 def checkpoint_table(result, opts) -> list[str]:
+    """mean@k and unlocked at every checkpoint, all at k (a final row's curve point)."""
     k = opts.k
-    out = ["", f"## mean@{k} and hard set unlocked at each rollout checkpoint", "",
-           "| | " + " | ".join(f"{b:,}" for b in opts.budgets) + " |", "| --- " * (len(opts.budgets) + 1) + "|"]
+    budgets = sorted({b for e in opts.algos for b in opts.entry_budgets(e)})
+    out = ["", f"## mean@{k} and hard set unlocked at each rollout checkpoint (k = {k})", "",
+           "| | " + " | ".join(f"{b:,}" for b in budgets) + " |", "| --- " * (len(budgets) + 1) + "|"]
     for entry in opts.algos:
         cells = []
-        for b in opts.budgets:
-            rows = [r for r in result["runs"] if r["entry"] == entry and r["budget"] == b]
-            cells.append(f"{_ms([r['mean@k'] for r in rows])} / {_ms([r['unlocked'] for r in rows])}")
+        for b in budgets:
+            rows = [curve_point(r) for r in entry_rows(result, entry, b)]
+            cells.append(f"{_ms([r['mean@k'] for r in rows])} / {_ms([r['unlocked'] for r in rows])}" if rows
+                         else "–")
         out.append(f"| {entry} | " + " | ".join(cells) + " |")
     return out
 
@@ -552,23 +962,42 @@ def budget_check(result, opts) -> list[str]:
 
 def bin_table(result, opts) -> list[str]:
     """Mean accuracy change by start bin, per entry (mean ± sd over seeds), with the start policy resampled as the
-    floor: prompts at 0/k can only rise and at k/k only fall by resampling alone."""
-    labels, start_bins = coarse(result["start"]["migration"])
+    floor (when hard_k = final_k: start_hard against start_final): prompts at 0/k can only rise and at k/k only fall
+    by resampling alone."""
+    labels, start_bins = coarse(result["start_final"]["migration"])
     sizes = [int(sum(row)) for row in start_bins]
-    out = ["", f"## Where accuracy moved: mean change of correct/{opts.k} by the start policy's bin (end - start)", "",
+    fk = opts.final_k
+    out = ["", f"## Where accuracy moved: mean change of correct/{fk} by the start policy's bin (end - start)", "",
            "| | " + " | ".join(f"{b} ({n} prompts)" for b, n in zip(labels, sizes)) + " |", "| --- " * 5 + "|"]
 
     def cells(rows):
         per_bin = list(zip(*[bin_changes(r["migration"]) for r in rows]))
         return [_ms(list(xs), "{:+.3f}") if xs and None not in xs else "–" for xs in per_bin]
 
-    out.append("| start policy, resampled | " + " | ".join(cells([result["resampled"]])) + " |")
+    hard = result.get("start_hard")
+    if hard is not None and hard["k"] == fk:
+        resampled = migration(result["start_final"]["counts"], hard["counts"], fk)
+        out.append("| start policy, resampled | " + " | ".join(cells([{"migration": resampled}])) + " |")
     out += [f"| {entry} | " + " | ".join(cells(final_rows(result, entry))) + " |" for entry in opts.algos]
     return out
 
 
+def bin_versus_table(stats: dict, opts: StudyOptions) -> list[str]:
+    if not stats["bins"]["versus"]:
+        return []
+    b = stats["bins"]
+    out = ["", f"## Against {opts.baseline} by the start policy's bin (Δ mean@{opts.final_k}, paired, the prompts of "
+           "that bin only)", "",
+           "| | " + " | ".join(f"{label} ({n} prompts)" for label, n in zip(b["labels"], b["sizes"])) + " |",
+           "| --- " * (len(b["labels"]) + 1) + "|"]
+    out += [f"| {e} | " + " | ".join(_ci(d, "diff", "{:+.3f}") if d else "–" for d in per_bin) + " |"
+            for e, per_bin in b["versus"].items()]
+    return out
+
+
 def migration_tables(result, opts) -> list[str]:
-    out = ["", f"## Migration of the held-out prompts, start -> end (bins of correct/{opts.k}; summed over seeds)", ""]
+    out = ["", f"## Migration of the held-out prompts, start -> end (bins of correct/{opts.final_k}; summed over "
+           "seeds)", ""]
     for entry in opts.algos:
         total = np.sum([r["migration"] for r in final_rows(result, entry)], axis=0).tolist()
         labels, m = coarse(total)
@@ -577,47 +1006,80 @@ def migration_tables(result, opts) -> list[str]:
     return out
 
 
-def plot(result: dict, opts: StudyOptions, out: Path) -> list[Path]:
-    """accuracy.png (greedy, mean@k, pass@k vs rollouts) and unlocked.png: one line per entry (mean over seeds at
-    each checkpoint, x = mean rollouts), a band of ± sd; the start policy at 0 rollouts."""
+def plot(result: dict, opts: StudyOptions, out: Path, stats: dict) -> list[Path]:
+    """accuracy.png (mean@k, greedy, pass@k at k against rollouts), updates.png (mean@k against optimizer steps),
+    unlocked.png and forest.png. Curves: one line per entry on a log axis, the start policy drawn a factor 4 left of
+    the first checkpoint (a log axis has no 0) and marked "start"."""
     try:
         import matplotlib
     except ImportError:
         raise ImportError("the study's plots need matplotlib: pip install 'bapo-vl[study]'") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import matplotlib.ticker
 
-    def curves(ax, metric, title, floor=None):
-        for entry in opts.algos:
-            xs, ms, sds = [0.0], [result["start"][metric]], [0.0]
-            for b in opts.budgets:
-                rows = [r for r in result["runs"] if r["entry"] == entry and r["budget"] == b]
-                xs.append(float(np.mean([r["rollouts"] for r in rows])))
-                m, sd = mean_sd([r[metric] for r in rows])
-                ms.append(m)
-                sds.append(sd)
+    def curves_on(ax, metric, title, x="rollouts", floor=None):
+        positive = [p[x] for c in stats["curves"].values() for p in c[1:] if p[x] > 0]
+        if not positive:
+            ax.set(title=f"{title}: no {x.replace('_', ' ')} recorded")
+            return
+        x0 = min(positive) / 4
+        for entry, full in stats["curves"].items():
+            c = [full[0], *(p for p in full[1:] if p[x] > 0)]  # a checkpoint before the first update has no place
+            xs = [x0, *(p[x] for p in c[1:])]
+            if metric in METRICS:
+                ms, lo, hi = ([p[metric][key] for p in c] for key in ("mean", "low", "high"))
+            else:
+                ms, sds = zip(*(p[metric] for p in c))
+                lo, hi = np.subtract(ms, sds), np.add(ms, sds)
             line, = ax.plot(xs, ms, marker="o", label=entry)
-            ax.fill_between(xs, np.subtract(ms, sds), np.add(ms, sds), color=line.get_color(), alpha=0.2)
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.15)
+        start = next(iter(stats["curves"].values()))[0]
+        value = start[metric]["mean"] if metric in METRICS else start[metric][0]
+        ax.annotate("start", (x0, value), textcoords="offset points", xytext=(4, -12), fontsize=8)
         if floor is not None:
-            ax.axhline(floor, color="grey", linestyle="--", label="start policy, resampled")
-        ax.set(title=title, xlabel="rollouts")
+            ax.axhline(floor, color="grey", linestyle="--", label="start policy, final evaluation")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:,.4g}"))
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set(title=title, xlabel=x.replace("_", " "))
         ax.grid(alpha=0.3)
 
-    paths = []
+    def save(fig, name):
+        fig.tight_layout()
+        paths.append(out / name)
+        fig.savefig(paths[-1], dpi=110)
+
+    paths: list[Path] = []
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
-    for ax, metric, title in zip(axes, ["greedy", "mean@k", "pass@k"], ["greedy", f"mean@{opts.k}", f"pass@{opts.k}"]):
-        curves(ax, metric, title)
+    for ax, metric, title in zip(axes, ["mean@k", "greedy", "pass@k"], [f"mean@{opts.k}", "greedy", f"pass@{opts.k}"]):
+        curves_on(ax, metric, title)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "accuracy.png")
-    fig.savefig(paths[-1], dpi=110)
+    save(fig, "accuracy.png")
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
-    curves(ax, "unlocked", f"hard set ({result['hard_set']} prompts 0/{opts.k} at start) solved >= 1/{opts.k}",
-           floor=result["resampled"]["unlocked"])
+    curves_on(ax, "mean@k", f"mean@{opts.k} against updates", x="optimizer_steps")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    paths.append(out / "unlocked.png")
-    fig.savefig(paths[-1], dpi=110)
+    save(fig, "updates.png")
+    fig, ax = plt.subplots(figsize=(6.5, 4.5))
+    curves_on(ax, "unlocked", f"hard set ({result['hard_set']} prompts 0/{opts.hard_k} at start) solved "
+                              f">= 1/{opts.k}", floor=result["start"]["unlocked"])
+    ax.legend(fontsize=8)
+    save(fig, "unlocked.png")
+    rows = []  # (label, test) top to bottom
+    for entry, tests in stats["versus"].items():
+        rows += [(f"{entry}: mean@{opts.final_k}", tests["mean@k"]), (f"{entry}: greedy", tests["greedy"])]
+        rows += [(f"{entry}: mean@{opts.final_k}, {label}", d)
+                 for label, d in zip(stats["bins"]["labels"], stats["bins"]["versus"][entry]) if d]
+    fig, ax = plt.subplots(figsize=(7, 1 + 0.3 * max(len(rows), 1)))
+    for i, (label, d) in enumerate(rows):
+        y = len(rows) - 1 - i
+        ax.errorbar(d["diff"], y, xerr=[[d["diff"] - d["low"]], [d["high"] - d["diff"]]], fmt="o", capsize=3,
+                    color="black" if ", " not in label else "grey")
+    ax.axvline(0, color="red", linewidth=0.8)
+    ax.set_yticks(range(len(rows)), [label for label, _ in reversed(rows)], fontsize=8)
+    ax.set(title=f"paired difference against {opts.baseline} (95 % interval)", xlabel="difference")
+    ax.grid(alpha=0.3, axis="x")
+    save(fig, "forest.png")
     plt.close("all")
     return paths
 
@@ -631,7 +1093,7 @@ def device(setting: str = "auto") -> str:
 
 def machine(result: dict) -> dict:
     """Where the numbers were made (each ledger row records its device) and where this report was written."""
-    rows = [result["start"], result["resampled"], *result["runs"]]
+    rows = [result["start"], result["start_final"], result["start_hard"], *result["runs"]]
     try:
         commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
                                 cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
@@ -650,13 +1112,24 @@ def parse_args(argv: list[str]) -> StudyOptions:
     ap = argparse.ArgumentParser(prog="scripts/study.py", description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("overrides", nargs="*", help="key=value config overrides for every run, e.g. device=cuda")
-    ap.add_argument("--algos", default=",".join(d.algos), help=f"grid entries (default all); knobs: {', '.join(KNOBS)}")
+    ap.add_argument("--algos", help="grid entries (default: every algorithm and every --entry); knobs: "
+                                    + ", ".join(KNOBS))
     ap.add_argument("--knobs", action="store_true", help="add every knob entry: " + ", ".join(KNOBS))
+    ap.add_argument("--entry", action="append", default=[], metavar='NAME="key=value ..."',
+                    help="a grid entry of one's own with these config overrides (repeatable; with --algos, name it "
+                         "there too), e.g. --entry lr1e-5=\"algo=grpo lr=1e-5 kl_coef=0\"")
     ap.add_argument("--seeds", default=",".join(map(str, d.seeds)), help="default %(default)s")
     ap.add_argument("--budget", type=int, default=d.budget, help="rollouts per run (max_rollouts), default %(default)s")
     ap.add_argument("--checkpoints", type=int, default=d.checkpoints,
-                    help="evaluations per run, evenly in rollouts (default %(default)s)")
-    ap.add_argument("--k", type=int, default=d.k, help="samples per held-out prompt (default %(default)s)")
+                    help="evaluations per run up to the budget (default %(default)s)")
+    ap.add_argument("--spacing", choices=("log", "linear"), default=d.spacing,
+                    help="checkpoints at budget / 2^(n-1), ..., budget (log, the default) or budget * i / n")
+    ap.add_argument("--extend", action="append", default=[], metavar="ENTRY=FACTOR",
+                    help="train ENTRY on to FACTOR x budget, evaluated on the way (repeatable), e.g. dapo=2")
+    ap.add_argument("--k", type=int, default=d.k, help="samples per held-out prompt at every checkpoint "
+                                                       "(default %(default)s)")
+    ap.add_argument("--final-k", type=int, help="samples per held-out prompt at the final budget (default --k)")
+    ap.add_argument("--hard-k", type=int, help="start policy samples that define the hard set (default --final-k)")
     ap.add_argument("--split", default=d.split, help="held-out split (default %(default)s)")
     ap.add_argument("--source", help="held-out data file (load(source=...))")
     ap.add_argument("--limit", type=int, help="first N held-out prompts")
@@ -669,14 +1142,38 @@ def parse_args(argv: list[str]) -> StudyOptions:
     ap.add_argument("--keep-checkpoints", action="store_true")
     ap.add_argument("--jobs", type=int, default=d.jobs,
                     help="(entry, seed) runs at once, each its own process (default %(default)s: one after another)")
-    ap.add_argument("--no-report", action="store_true", help="train and evaluate into the ledger only (--jobs children)")
+    ap.add_argument("--no-report", action="store_true",
+                    help="train and evaluate into the ledger only (--jobs children)")
     a = ap.parse_args(argv)
-    return StudyOptions(algos=[x.strip() for x in a.algos.split(",") if x.strip()], knobs=a.knobs,
-                        seeds=[int(x) for x in a.seeds.split(",") if x.strip()], budget=a.budget,
-                        checkpoints=a.checkpoints, k=a.k, split=a.split, source=a.source, limit=a.limit,
-                        preset=a.preset, overrides=a.overrides, runs=a.runs, out=a.out, eval_seed=a.eval_seed,
-                        eval_batch_size=a.eval_batch_size, baseline=a.baseline, keep_checkpoints=a.keep_checkpoints,
-                        jobs=a.jobs, report=not a.no_report, command="python scripts/study.py " + shlex.join(argv))
+    entries = dict(parse_entry(x) for x in a.entry)
+    if len(entries) < len(a.entry):
+        raise ValueError(f"--entry defines a name twice: {a.entry}")
+    algos = ([x.strip() for x in a.algos.split(",") if x.strip()] if a.algos is not None
+             else [*ALGORITHMS, *entries])
+    return StudyOptions(algos=algos, knobs=a.knobs, seeds=[int(x) for x in a.seeds.split(",") if x.strip()],
+                        budget=a.budget, checkpoints=a.checkpoints, spacing=a.spacing, k=a.k, final_k=a.final_k,
+                        hard_k=a.hard_k, extend=dict(parse_extend(x) for x in a.extend), entries=entries,
+                        split=a.split, source=a.source, limit=a.limit, preset=a.preset, overrides=a.overrides,
+                        runs=a.runs, out=a.out, eval_seed=a.eval_seed, eval_batch_size=a.eval_batch_size,
+                        baseline=a.baseline, keep_checkpoints=a.keep_checkpoints, jobs=a.jobs,
+                        report=not a.no_report, command="python scripts/study.py " + shlex.join(argv))
+
+
+def without_counts(result: dict) -> dict:
+    """The result without per-prompt counts (the ledger holds them)."""
+    def strip(row):
+        return {k: strip(v) if k == "curve" else v for k, v in row.items() if k not in ("counts", "greedy_counts")}
+    return {k: strip(v) if k.startswith("start") else [strip(r) for r in v] if k == "runs" else v
+            for k, v in result.items()}
+
+
+def plain(x):
+    """JSON without Infinity: an unreached target's ratio (inf) is written as null."""
+    if isinstance(x, dict):
+        return {k: plain(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [plain(v) for v in x]
+    return None if isinstance(x, float) and not math.isfinite(x) else x
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -687,14 +1184,16 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(opts.out or Path("docs/study") / Path(result["settings"]["config"]["model"]).name)
     out.mkdir(parents=True, exist_ok=True)
     info = machine(result)
-    (out / "results.json").write_text(json.dumps({"command": opts.command, "machine": info, **result}, indent=1))
+    stats = analyse(result, opts)
+    (out / "results.json").write_text(json.dumps(plain({"command": opts.command, "machine": info,
+                                                        **without_counts(result), "statistics": stats}), indent=1))
     try:
-        written = plot(result, opts, out)
+        written = plot(result, opts, out, stats)
     except ImportError as e:  # e.g. a GPU machine without it: the same command elsewhere plots from the ledger
         written = []
         print(f"study: no plots ({e}); the same command where matplotlib is installed makes them from "
               f"{Path(opts.runs) / 'study.jsonl'} without training again", file=sys.stderr)
-    (out / "results.md").write_text(report(result, opts, info, plots=bool(written)))
+    (out / "results.md").write_text(report(result, opts, info, stats, plots=bool(written)))
     print("study: " + ", ".join(str(p) for p in [out / "results.md", *written, out / "results.json"]))
     return 0
 

@@ -1,7 +1,9 @@
-"""The algorithm-neutral study of issue 13 (bapo_vl/study.py): algorithms x seeds at one rollout budget, judged on
-a held-out split; writes results.md, accuracy.png, unlocked.png and results.json. See docs/study/README.md.
+"""The algorithm-neutral study (bapo_vl/study.py): a grid of entries x seeds at one rollout budget, judged on a
+held-out split; writes results.md, accuracy.png, updates.png, unlocked.png, forest.png and results.json. See
+docs/study/README.md.
 
-    python scripts/study.py --algos grpo,dapo,bapo --seeds 0,1,2 --budget 30720 --k 16 device=cuda
+    python scripts/study.py --algos grpo,dapo,bapo --seeds 0,1,2 --budget 30720 --k 8 --final-k 32 \
+        --extend dapo=2 device=cuda
 """
 import sys
 
