@@ -29,8 +29,8 @@ would unlock nothing by construction). Migration: each prompt's bin (correct cou
 bin after training (bapo_vl.reader.migration, the run record's rule).
 
 Ledger. Finished evaluations are kept in RUNS/study.jsonl, keyed (entry, seed, budget), each with its step, rollouts
-and optimizer steps (equal rollouts are not equal updates): the same command run again continues where it stopped (a
-machine that allows 10 minutes a command runs it several times). Each is also written into its run's record at that
+and optimizer steps (equal rollouts are not equal updates): the same command run again continues where it stopped (an
+interrupted study loses at most the evaluations in flight). Each is also written into its run's record at that
 step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger. `--entry
 NAME="key=value ..."` adds a grid entry of one's own (a learning-rate pilot: `--entry lr1e-5="algo=grpo lr=1e-5"`).
 

@@ -1,6 +1,6 @@
 """Train a countdown start policy: a byte-level Qwen2-architecture model that already solves some countdown problems.
 `--size countdown-tiny` (the default) is the embedded default policy (822k parameters, bapo_vl/policy/countdown-tiny);
-`--size countdown-13m` a 13.1 M-parameter one with more room for RL (issue 13), too large for the wheel: build it
+`--size countdown-13m` a 13.1 M-parameter one with more room for RL, too large for the wheel: build it
 into a folder outside bapo_vl/ and pass that path as model=. Shape and recipe flags override the size's values.
 
 Supervised fine-tuning (seeded, reproducible for a given device) of a `bapo_vl.tiny.build_qwen2` model on
