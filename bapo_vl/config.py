@@ -91,6 +91,10 @@ ALGOS: dict[str, dict[str, Any]] = {
     # groups with mu == 1/2 exactly. It is a preset: c1 = 0 and c2 = c3 = 1/2 express it.
     "ba_ppo": dict(critic=True),  # BA-PPO: BAPO's batch adaptation in front of PPO with a critic (A.9)
     "mini_test": dict(online_filter="range", c1=0.0, c2_range=(0.5, 0.5), c3_range=(0.5, 0.5), reeval_every=1),
+    # In the manner of TRL's GRPOWithReplayBuffer: on-policy GRPO whose zero-variance groups are replaced by mixed
+    # groups trained on before (a buffer of 64; TRL keeps the highest-scored, this keeps the newest), no re-evaluation.
+    "grpo_replay": dict(delay=1, online_filter="range", use_x2=False, use_x3=True, high_max_age=1_000_000,
+                        high_max_uids=64, c2_range=(1 / 8, 1 / 8), c3_range=(7 / 8, 7 / 8)),
 }
 
 
@@ -132,7 +136,8 @@ class Config:
     """keyword arguments of vLLM's LLM(...) for the vllm engine, over its defaults {gpu_memory_utilization: 0.3,
     max_num_seqs: 1024}: e.g. {gpu_memory_utilization: 0.5, enforce_eager: true}"""
     algo: str = within("bapo", ALGOS)
-    """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | ba_ppo | mini_test"""
+    """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | ba_ppo | mini_test |
+    grpo_replay"""
 
     # --- sampling ---
     batch_size: int = within(256, Range(ge=1))

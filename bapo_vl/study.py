@@ -71,7 +71,7 @@ from bapo_vl.stats import (hierarchical_bootstrap_diff, hierarchical_bootstrap_m
 from bapo_vl.train import checkpoint_steps, resume_config, train
 
 # Grid entries: name -> config overrides. The first are the algorithms (config.ALGOS presets) ...
-ALGORITHMS = ("grpo", "grpo_v5", "dapo", "bapo", "bapo_no_x2", "bapo_no_x3", "mini_test")
+ALGORITHMS = ("grpo", "grpo_v5", "dapo", "bapo", "bapo_no_x2", "bapo_no_x3", "mini_test", "grpo_replay")
 ENTRIES: dict[str, list[str]] = {name: [f"algo={name}"] for name in ALGORITHMS}
 # ... then the knobs the paper tunes, each varied once from BAPO's defaults (v=5, m=5, range filter, B_high age 3;
 # tests/test_study.py checks those defaults): `--knobs` adds them to the grid.
@@ -668,6 +668,38 @@ def rollouts_ratio(result: dict, a: str, b: str, resamples: int = RATIO_RESAMPLE
     return {"entry": a, "reference": b, **out, "reach": reach}
 
 
+def at_optimizer_steps(rows: list[dict], steps: float, uids: list[str]) -> np.ndarray | None:
+    """(prompts,) accuracy at k of one run after `steps` optimizer steps, interpolated per prompt in log optimizer
+    steps between the two checkpoints that bracket it (`rows`: the run's checkpoint rows); None outside them."""
+    points = sorted(((r["optimizer_steps"], accuracy([curve_point(r)], uids)[0]) for r in rows), key=lambda p: p[0])
+    for (x0, y0), (x1, y1) in zip(points, points[1:]):
+        if x0 <= steps <= x1 and x0 > 0:
+            w = 0.0 if x1 == x0 else (math.log(steps) - math.log(x0)) / (math.log(x1) - math.log(x0))
+            return (1 - w) * y0 + w * y1
+    exact = [y for x, y in points if x == steps]
+    return exact[0] if exact else None
+
+
+def versus_at_updates(result: dict, a: str, b: str, resamples: int = RESAMPLES) -> dict | None:
+    """a - b at equal optimizer steps: a's mean@k at the budget against b's curve at as many optimizer steps as a
+    made (same seed; b interpolated per prompt between its checkpoints), paired by seed and prompt. Seeds where b's
+    checkpoints do not reach a's count are left out; None when none is left."""
+    uids = sorted(result["start_final"]["counts"])
+    finals = {r["seed"]: r for r in final_rows(result, a)}
+    diffs_a, diffs_b, steps = [], [], []
+    for seed, row in sorted(finals.items()):
+        b_rows = [r for r in result["runs"] if r["entry"] == b and r["seed"] == seed]
+        interpolated = at_optimizer_steps(b_rows, row["optimizer_steps"], uids)
+        if interpolated is not None:
+            diffs_a.append(accuracy([curve_point(row)], uids)[0])
+            diffs_b.append(interpolated)
+            steps.append(row["optimizer_steps"])
+    if not steps:
+        return None
+    return {**hierarchical_bootstrap_diff(np.array(diffs_a), np.array(diffs_b), resamples),
+            "optimizer_steps": float(np.mean(steps))}
+
+
 def bins_of(result: dict) -> tuple[list[str], list[list[str]]]:
     """The coarse bins of the start policy's final_k evaluation and the prompts in each."""
     start, k = result["start_final"]["counts"], result["start_final"]["k"]
@@ -705,6 +737,8 @@ def analyse(result: dict, opts: StudyOptions, resamples: int = RESAMPLES) -> dic
     pairs += [(a, b) for a, b in [("bapo", "grpo"), *((e, "bapo") for e in opts.extend), ("dapo", "bapo")]
               if a != b and {a, b} <= set(present) and (a, b) not in pairs]
     out["ratios"] = [rollouts_ratio(result, a, b) for a, b in dict.fromkeys(pairs)]
+    out["at_updates"] = {e: versus_at_updates(result, e, opts.baseline, resamples) for e in present
+                         if e != opts.baseline and opts.baseline in present}
     labels, members = bins_of(result)
     out["bins"] = {"labels": labels, "sizes": [len(m) for m in members], "versus": {}}
     if opts.baseline in present:
@@ -872,7 +906,8 @@ def report(result: dict, opts: StudyOptions, machine: dict, stats: dict, plots: 
               "not equal updates: DAPO's dynamic sampling and BAPO's re-evaluations spend rollouts without one. "
               "Train s: the steps' recorded generate + score + train + sync seconds (no model loading, checkpoints or "
               "evaluations); compare them only between runs on the same device."]
-    lines += comparison(stats, opts) + gains(stats, opts) + ratio_table(stats, opts) + targets_section(stats)
+    lines += comparison(stats, opts) + gains(stats, opts) + ratio_table(stats, opts) + updates_table(stats, opts)
+    lines += targets_section(stats)
     lines += checkpoint_table(result, opts) + budget_check(result, opts) + bin_table(result, opts)
     lines += bin_versus_table(stats, opts) + migration_tables(result, opts)
     lines += ["", "Figures: `accuracy.png` (mean@k, greedy and pass@k at k against rollouts, log axis, the start "
@@ -929,6 +964,22 @@ def ratio_table(stats: dict, opts: StudyOptions) -> list[str]:
            "| --- " * 5 + "|"]
     out += [f"| {r['entry']} | {r['reference']} | {_x(r['ratio'])} [{_x(r['low'])}, {_x(r['high'])}] | "
             f"{r['reached_fraction']:.0%} of resamples | {r['reach']:.2f}x |" for r in stats["ratios"]]
+    return out
+
+
+def updates_table(stats: dict, opts: StudyOptions) -> list[str]:
+    rows = {e: d for e, d in stats.get("at_updates", {}).items() if d is not None}
+    if not rows:
+        return []
+    out = ["", f"## Against {opts.baseline} at equal optimizer steps", "",
+           f"Each entry's mean@{opts.k} at the budget minus {opts.baseline}'s after as many optimizer steps (same "
+           f"seed; {opts.baseline}'s per-prompt accuracy interpolated in log optimizer steps between its checkpoints), "
+           "paired by seed and prompt (hierarchical bootstrap): whether an entry gets more from each update, apart "
+           "from how many updates its rollouts buy. Seeds whose entry made more updates than the reference's last "
+           "checkpoint are left out.", "",
+           f"| | optimizer steps | Δ mean@{opts.k} [95 % interval] | seeds |", "| --- " * 4 + "|"]
+    out += [f"| {e} | {d['optimizer_steps']:.0f} | {_ci(d, 'diff', '{:+.3f}')} | {d['n_seeds']} |"
+            for e, d in rows.items()]
     return out
 
 

@@ -498,3 +498,23 @@ def test_report_figures_are_written(tmp_path):
     assert sorted(p.name for p in paths) == ["accuracy.png", "forest.png", "unlocked.png", "updates.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", p
+
+
+def test_against_the_baseline_at_equal_optimizer_steps_interpolates_in_log_steps():
+    # Could fail if the baseline were read at the entry's rollouts instead of its updates, interpolated linearly in
+    # steps, or extrapolated past its last checkpoint. GRPO: mean 1/4 after 10 optimizer steps, 2/4 after 20; BAPO
+    # reaches 2/4 after 14: GRPO after 14 is 1/4 + 1/4 * ln(1.4) / ln(2), so BAPO leads by 1/4 * (1 - ln 1.4 / ln 2).
+    result, opts = constructed({"grpo": [(50, 1), (100, 2)], "bapo": [(50, 1), (100, 2)]})
+    for r in result["runs"]:
+        if r["entry"] == "bapo" and r["budget"] == 100:
+            r["optimizer_steps"] = 14
+    d = analyse(result, opts, resamples=500)["at_updates"]["bapo"]
+    assert d["diff"] == pytest.approx(0.25 * (1 - math.log(1.4) / math.log(2)))
+    assert d["optimizer_steps"] == 14 and d["n_seeds"] == 3
+    for r in result["runs"]:
+        if r["entry"] == "bapo" and r["budget"] == 100:
+            r["optimizer_steps"] = 30  # more updates than GRPO's last checkpoint: no reading, not an extrapolation
+    assert analyse(result, opts, resamples=500)["at_updates"]["bapo"] is None
+    text = report(result, opts, {"device": "constructed", "date": "today", "torch": "-", "commit": "-"},
+                  analyse(result, opts, resamples=500))
+    assert "at equal optimizer steps" not in text  # nothing to show

@@ -569,3 +569,24 @@ def test_ba_ppo_learns_a_critic_and_trains_on_its_gae(env, tmp_path, monkeypatch
     make_trainer(config(env, algo="bapo", **BAPO)).backend.save_checkpoint(tmp_path / "plain", 4)
     with pytest.raises(ValueError, match="no critic"):
         make_trainer(config(env, algo="ba_ppo", **BAPO)).backend.load_checkpoint(tmp_path / "plain")
+
+
+def test_grpo_replay_refills_the_batch_with_mixed_groups_trained_on_before(env):
+    # Could fail if the preset re-evaluated (X2), kept zero-variance groups, replayed a group twice in one batch, or
+    # replayed something it had not trained on.
+    cfg = config(env, algo="grpo_replay", steps=6)
+    assert (cfg.delay, cfg.online_filter, cfg.use_x2, cfg.use_x3, cfg.high_max_uids) == (1, "range", False, True, 64)
+    trainer = make_trainer(cfg)
+    trained: set[str] = set()
+    replayed_any = False
+    for t in range(1, cfg.steps + 1):
+        r = trainer.step(t)
+        assert r.x2 == [] and r.reevaluated == []
+        assert all(0 < g.correct < cfg.group_size for g in r.x1 + r.x3)  # zero-variance groups never train
+        assert len(r.x1) + len(r.x3) <= cfg.batch_size and len({g.uid for g in r.x1 + r.x3}) == len(r.x1) + len(r.x3)
+        assert {g.uid for g in r.x3} <= trained
+        if len(r.x1) < cfg.batch_size and any(g.uid not in {x.uid for x in r.x1} for g in trainer.state.high.groups.values()):
+            assert r.x3, f"step {t}: room in the batch and groups to replay, but none replayed"
+        replayed_any |= bool(r.x3)
+        trained |= {g.uid for g in r.x1 + r.x3}
+    assert replayed_any, "the run never replayed: the test proves nothing"
