@@ -7,6 +7,7 @@
 #   4. the recipe, chosen from the strong policy's pilot by scripts/pilot_recipe.py;
 #   5. the study on the report set for each start policy: grpo, grpo_v5, dapo, bapo, bapo_no_x2, bapo_no_x3 x 5 seeds
 #      at 20,480 rollouts (DAPO on to twice that), six log-spaced checkpoints at k = 8, k = 32 and greedy at the end.
+#   6. with FOLLOW_UP=1, BAPO with more updates per rollout or fewer re-evaluations, and grpo_replay, at 40,960.
 # Every step skips what is done: run again after an interruption, or with the ledgers copied into OUT to write the
 # reports without training.
 #
@@ -46,3 +47,12 @@ study() {  # study NAME MODEL REPORT_FOLDER
 }
 study study-strong $P $DOCS/countdown-13m/study
 study study-weak $WEAK $DOCS/countdown-13m-step1000/study
+[ "${FOLLOW_UP:-0}" = 1 ] || exit 0
+
+# FOLLOW_UP=1: where BAPO loses on the weak policy (updates per rollout), the changes that may close it, and the
+# replay-buffer peer, at twice the budget (GRPO had not flattened at 20,480)
+python3 -m bapo_vl.study --algos grpo,bapo,bapo_mb8,bapo_reeval32,grpo_replay --seeds 0,1,2,3,4 --budget 40960 \
+  --entry "bapo_mb8=algo=bapo mini_batch_size=8" --entry "bapo_reeval32=algo=bapo reeval_max=32" \
+  --checkpoints 6 --spacing log --k 8 --final-k 32 --hard-k 64 --split test --source $D/report.jsonl \
+  --runs $OUT/follow-up-weak --jobs $JOBS --out $DOCS/countdown-13m-step1000/follow-up "${COMMON[@]}" model=$WEAK \
+  "${RECIPE[@]}"
