@@ -36,7 +36,7 @@ CHECKPOINT = "backend.pt"  # what save_checkpoint writes into a checkpoint folde
 LOGIT_ROWS = 512  # response tokens whose full-vocabulary logits are materialised at once (x V floats each)
 # Attention kernels the update may use: all but cuDNN's, whose backward (torch 2.11+, H100/H200) returns NaN query
 # gradients when a mask is given, the length is 64 mod 128 and a row's logits are all very negative (logsumexp
-# < -88.7): pytorch/pytorch#196678. It skipped steps 2 and 4 of 4 of the 2.0 B VL shape, none without it (results.md).
+# < -88.7): pytorch/pytorch#196678 (scripts/gpu/attention_nan_check.py shows it on a card).
 UPDATE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 

@@ -6,11 +6,8 @@ code (EmbeddedBackend.score): so what is stored is exactly the log-prob, under a
 tokens that were sampled, whichever engine sampled them.
 
     transformers  `model.generate` with a dynamic cache on the backend's own alpha / pi_theta models; always there.
-    vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA). Text models: checked by
-                  scripts/gpu/engine_checks.py on an H200 and an H100 (docs/results.md), 9.5x `model.generate`'s
-                  tokens/s at 64 x 8 x 512 on the H200. Qwen2.5-VL: `bapo train` ran on an H100 (generation 1.55x,
-                  step 1.26x) and engine_checks.py --preset geometry3k passed on an H200 (its vLLM log-probs are
-                  4x closer to the fp32 ones than the trainer's own bf16 forward).
+    vllm          a colocated vLLM engine holding alpha ([vllm] extra, CUDA), text and Qwen2.5-VL models; checked
+                  on a GPU by scripts/gpu/engine_checks.py (its speed against `model.generate`: docs/results.md).
     auto          vllm when it is installed and the device is cuda; else transformers.
 """
 from __future__ import annotations
@@ -67,8 +64,7 @@ class TransformersEngine:
     """`model.generate` on the backend's alpha (`backend.rollout`) or pi_theta (`backend.policy`): X2's
     re-evaluation needs no weight swap since both models are resident. Rows that finished early still ride along
     until the chunk's longest row ends. transformers' continuous batching (`generate_batch`) was measured as the
-    alternative and is not used: 0.85x this path's tokens/s at 64 x 8 x 512 on an H200, holding 132 GB
-    (scripts/bench_gpu.py, docs/results.md). Text models with grouped key/value heads decode with
+    alternative and is not used: it was slower and held far more memory (scripts/bench_gpu.py, docs/results.md). Text models with grouped key/value heads decode with
     `gqa_decode`'s attention (no copy of the KV cache per step; prefill and training are unchanged)."""
 
     name = "transformers"
@@ -111,15 +107,15 @@ FIXED_BY_CONFIG = {"model", "dtype", "seed", "enable_sleep_mode", "max_model_len
 
 class VllmEngine:
     """A colocated vLLM engine holding alpha, as TRL's colocate mode does (vLLM 0.24). Its protocol is checked on a
-    GPU by scripts/gpu/engine_checks.py (behaviour log-probs, stale alpha, X2 and restore, sleep/wake, sync: all
-    passed for a text model on an H200 and an H100, for Qwen2.5-VL on an H200); on CPU only its selection and the missing-package error are tested.
+    GPU by scripts/gpu/engine_checks.py (behaviour log-probs, stale alpha, X2 and restore, sleep/wake, sync, for text
+    and Qwen2.5-VL models); on CPU only its selection and the missing-package error are tested.
 
     - sync (every v steps): alpha's new weights are loaded in place through `collective_rpc` into the worker's model
       (`load_weights`), which needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine runs in this process).
     - X2 (policy="current"): pi_theta's weights are pushed, the responses sampled, then alpha's weights (the backend's
       own alpha copy, which also scores the behaviour log-probs) are pushed back.
     - update: the engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the trainer gets the memory.
-    - VL (`bapo train` ran on an H100; every engine check passed on an H200): vLLM gets the chat text and the PIL
+    - VL: vLLM gets the chat text and the PIL
       images `encode` kept (`raw`) and processes them itself with the trainer's min/max pixels, so it sees the image
       grid the trainer scores with; it then needs the tokenizer (text models skip it)."""
 

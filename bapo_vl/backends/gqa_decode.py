@@ -1,9 +1,8 @@
 """Decode attention for grouped-query models without copying the KV cache.
 
 transformers' SDPA path repeats every layer's K and V from the key/value heads to all query heads whenever an
-attention mask is given (`repeat_kv`), which a batch of left-padded prompts always has: at 256 rows x 576 positions
-of the 0.36 B shape that is ~0.5 GB written per layer per decode step, and the attention then reads 7x the cache it
-needs. For one new token per row the same attention is a plain one over the key/value heads: the query heads that
+attention mask is given (`repeat_kv`), which a batch of left-padded prompts always has: a full copy of the cache
+written per layer per decode step, which the attention then reads H / H_kv times over. For one new token per row the same attention is a plain one over the key/value heads: the query heads that
 share a key/value head become that head's query rows (the padding mask is the same for all of them), so
 (B, H, 1, D) queries are read as (B, H_kv, H / H_kv, D) and the cache is not copied. Prefill, training and models
 without grouped heads go through transformers' own SDPA function unchanged.

@@ -9,11 +9,10 @@ verl's ActorConfig is a closed dataclass, so balanced_clip's own settings (range
 in the environment variable BAPO_VERL_LOSS (JSON), which verl_main puts in Ray's runtime_env for all workers.
 
 It also replaces verl's `logprobs_from_logits_v2`, the log-prob path verl takes when flash-attn's cross-entropy
-kernel is absent (our GPU stack has no flash-attn wheel), with the same per-row computation over chunks of rows:
-verl's version loops in Python over the first dimension, which its FSDP engine flattens to one row per token, so a
-micro-batch of 16 x 576 tokens ran ~9,200 log_softmax/gather/backward steps (read in verl 0.9.1's source). On an
-H100 this took verl's update of the 0.36 B text shape at 64 x 8 x 512 from 40.3 s to 9.6 s, the step from 63.5 s to
-32.0 s (docs/results.md). BAPO_VERL_ROW_LOOP_LOGPROBS=1 keeps verl's own (the A/B's other arm).
+kernel is absent (flash-attn is not installed), with the same per-row computation over chunks of rows: verl's
+version loops in Python over the first dimension, which its FSDP engine flattens to one row per token, so a
+micro-batch runs one log_softmax/gather/backward per token (read in verl 0.9.1's source); the time it saves is in
+docs/results.md. BAPO_VERL_ROW_LOOP_LOGPROBS=1 keeps verl's own (the A/B's other arm).
 """
 from __future__ import annotations
 
