@@ -13,7 +13,7 @@ Per tab, the time of the function the server runs for it (SQL through read-only 
 Also `bapo runs show --json` (read_run and the JSON text), which reads the record once from scratch.
 With --browser: seconds from clicking the tab until its plots are drawn in headless Chromium (/usr/bin/chromium
 via Playwright) on a server that has done its start-up read, and the first page load. Each number is the median of
---repeat runs. Then the controls issue 14 added (smoothing, metric and x-axis pickers, row %, click-through): the
+--repeat runs. Then the controls (smoothing, metric and x-axis pickers, row %, click-through): the
 server's time for each, and with --browser the time from changing it until its chart is drawn again. It prints the
 machine (with its load, before and after) and the records' sizes with the tables; no pass/fail.
 """
@@ -62,7 +62,7 @@ TABS = {
     D.TAB_PROMPT: lambda run, runs: D.render_prompt(run, None),
     D.TAB_COMPARE: lambda run, runs: _compare(runs),
 }
-# the new controls (issue 14): what the server runs when one is changed, the tab it is on open
+# the controls: what the server runs when one is changed, the tab it is on open
 CONTROLS = {
     "smoothing 0.9 (Overview)": lambda run, runs: D.render_overview(run, 0.9),
     "smoothing 0.9 (Training health)": lambda run, runs: D.render_health(run, 0.9, None),

@@ -1,4 +1,4 @@
-"""One GPU at engine speed (issue 11): the embedded backend's rollout engines and its update, measured on one card.
+"""One GPU at engine speed: the embedded backend's rollout engines and its update, measured on one card.
 
     python scripts/gpu/bench_backends.py models DIR                              # random text-0.5B and VL shapes
     python scripts/bench_gpu.py engine --engine transformers --shape text --model DIR/text --out F.json
@@ -163,7 +163,7 @@ def score_bench(a) -> dict:
 
 def _cold(engine):
     """vLLM keeps prompt prefixes and processed images between calls: each row starts without them, as a training
-    step's new prompts do (before this, the plain-vLLM row ran second and reused the first row's images: 0.74x)."""
+    step's new prompts do (otherwise a later row would reuse an earlier row's images and look faster than it is)."""
     if engine.name == "vllm":
         engine.llm.reset_prefix_cache()
         engine.llm.reset_mm_cache()

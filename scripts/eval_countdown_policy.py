@@ -4,7 +4,9 @@ Greedy accuracy (batched `model.generate(do_sample=False)`), and with --samples 
 (no top-k/top-p), mean accuracy, pass@K and the number of prompts by correct count 0..K.
 
     PYTHONPATH=. python scripts/eval_countdown_policy.py bapo_vl/policy/countdown-tiny \
-        --data /work/shared/data/countdown/tinyzero_test_1024_base.jsonl --samples 8
+        --data tinyzero_test_1024_base.jsonl --samples 8
+
+--data is a JSONL of nums/target rows, e.g. TinyZero's countdown test split (`tinyzero_test_1024_base.jsonl`).
 
 Correctness is the project's verifier `bapo_vl.verifiers.countdown.verify` (last <answer>...</answer>, each
 number exactly once, exact value == target; nothing is evaluated by Python).
@@ -133,7 +135,7 @@ def evaluate(model, tok, problems, *, samples: int = 8, batch: int = 256, max_ne
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model", help="folder saved with save_pretrained (model + tokenizer)")
-    ap.add_argument("--data", default="/work/shared/data/countdown/tinyzero_test_1024_base.jsonl")
+    ap.add_argument("--data", required=True, help="JSONL of nums/target rows (e.g. TinyZero's countdown test split)")
     ap.add_argument("--limit", type=int, default=None)
     ap.add_argument("--samples", type=int, default=8)
     ap.add_argument("--batch", type=int, default=256, help="sequences per generate call")

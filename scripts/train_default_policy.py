@@ -11,13 +11,13 @@ problems made forward by `generate_problems` (tasks/countdown/task.py; no solver
 
 The loss is on response tokens only (eos included); AdamW, linear warm-up then cosine decay, grad-clip 1.
 Saves model + tokenizer (save_pretrained, fp32 safetensors) to --out with TRAINING.md and training.json
-(command, seed, steps, parameters, final loss, measured accuracy when --eval-data is given).
+(command, seed, steps, parameters, final loss, measured accuracy when --eval-data is given). TEST below is
+TinyZero's countdown test split (`tinyzero_test_1024_base.jsonl`, nums/target rows), or any such JSONL.
 
     PYTHONPATH=. python scripts/train_default_policy.py --out runs/policy --steps 2000 --batch 512 \
-        --eval-data /work/shared/data/countdown/tinyzero_test_1024_base.jsonl
+        --eval-data TEST
     PYTHONPATH=. python scripts/train_default_policy.py --size countdown-13m --out runs/policies/countdown-13m \
-        --exclude-file /work/shared/data/countdown/tinyzero_test_1024_base.jsonl \
-        --eval-data /work/shared/data/countdown/tinyzero_test_1024_base.jsonl --eval-every 1000   # one GPU
+        --exclude-file TEST --eval-data TEST --eval-every 1000   # one GPU
 """
 from __future__ import annotations
 
@@ -55,9 +55,9 @@ task = _load_by_path("countdown_task_for_sft", ROOT / "tasks" / "countdown" / "t
 
 CHUNK = 10_000
 # --size: shape and recipe. countdown-tiny is what the bundled policy was trained with (its TRAINING.md adds
-# --steps 800 --problems 1000000); countdown-13m is the shape of a 13 M byte-level Qwen2 that reached 61.5 % greedy
-# on the TinyZero test after 4 minutes of SFT on an H200 (8,177 steps of batch 1,024, lr 1e-3; a 128-byte vocabulary
-# and another prompt: this script's recipe is that one in this script's format, not a copy of that run).
+# --steps 800 --problems 1000000); countdown-13m is the shape and recipe of a 13 M byte-level Qwen2 that learned
+# countdown well from SFT alone (with a 128-byte vocabulary and another prompt: this script's recipe is that one in
+# this script's format, not a copy of that run).
 SIZES = {
     "countdown-tiny": dict(hidden=128, layers=4, heads=4, kv_heads=2, intermediate=384,
                            steps=2000, batch=512, problems=200_000, lr=2e-3, warmup=100),

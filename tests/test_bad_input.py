@@ -1,6 +1,6 @@
 """Every bad input to `bapo train` fails at start with ONE line, `bapo: ...`, naming the key, file or run and what to
 do (exit code 2), and no traceback unless --debug; a failure during training (a full disk) ends in one line too (exit
-code 1) with the run marked failed and its earlier checkpoint intact. Issue 12, item 3.
+code 1) with the run marked failed and its earlier checkpoint intact.
 
 The CLI runs in-process (main(), output through capsys) on the bundled tiny policy, except the real full disk: a
 small tmpfs in a private mount namespace (`unshare`), skipped where that is not allowed."""
@@ -20,7 +20,7 @@ import yaml
 from bapo_vl.cli import main
 from bapo_vl.config import Config, ConfigError
 
-SMALL = ["batch_size=2", "group_size=2", "max_response_length=8", "delay=1"]  # a step in about a second
+SMALL = ["batch_size=2", "group_size=2", "max_response_length=8", "delay=1"]  # the smallest step that still trains
 
 # (key, value as typed after key=, what the message must say besides the key)
 BAD_VALUES = [

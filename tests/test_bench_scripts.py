@@ -8,8 +8,14 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "docs" / "bench" / "2026-11-27-2xH200"
 POLICY = ROOT / "bapo_vl" / "policy" / "countdown-tiny"
+
+
+def results_with(name: str) -> list[Path]:
+    """The result files of the one docs/bench folder (one machine's run) that holds a file `name`."""
+    folders = sorted({p.parent for p in (ROOT / "docs" / "bench").glob(f"*/{name}")})
+    assert len(folders) == 1, f"{name}: expected in one docs/bench folder, found in {folders}"
+    return sorted(folders[0].glob("*.json"))
 
 
 def run(*args, cwd=None) -> str:
@@ -65,7 +71,7 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
 
 def test_reports_of_the_committed_two_h200_results():
     # Could fail if a report compared rows across settings it should not, or lost the same-machine ratios.
-    files = sorted(BENCH.glob("*.json"))
+    files = results_with("engine-text-transformers256.json")
     steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *files)
     assert "| embedded (vllm engine) | NVIDIA H200 | rollout_engine=vllm | 11.82 |" in steps
     assert "2.85x" in steps and "| verl, 2 GPU, vLLM eager | NVIDIA H200 | - | 22.90 |" in steps
@@ -78,7 +84,7 @@ def test_reports_of_the_committed_two_h200_results():
 def test_reports_of_the_committed_two_h100_results():
     # Could fail if the A/B arm (an env switch, not a Config field) were not told apart from the default row, or if
     # the update's profile (what bounds its MFU) were dropped from the report.
-    files = sorted((ROOT / "docs" / "bench" / "2026-11-27-2xH100").glob("*.json"))
+    files = results_with("text-verl1-rowloop.json")
     steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *files)
     assert "| verl, 1 GPU, vLLM eager | NVIDIA H100 80GB HBM3 | - | 31.96 |" in steps and "1.15x" in steps
     assert "| verl, 1 GPU, vLLM eager | NVIDIA H100 80GB HBM3 | env BAPO_VERL_ROW_LOOP_LOGPROBS=1 | 63.52 |" in steps
@@ -87,10 +93,10 @@ def test_reports_of_the_committed_two_h100_results():
     assert "MFU 13.1%" in update and "aten::mm" in update and "Self CUDA time total: 177.449ms" in update
 
 
-def test_reports_of_the_committed_queued_two_h200_results():
+def test_reports_of_the_committed_two_h200_cuda_graph_results():
     # Could fail if a verl row lost its vLLM mode, a ratio were taken against another shape's embedded row, or an
     # engine setting (vllm_options, generate_batch_size) were dropped from its row.
-    files = sorted((ROOT / "docs" / "bench" / "2026-11-27-2xH200-queued").glob("*.json"))
+    files = results_with("engine-text-vllm-graphs1024.json")
     steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *files)
     assert "| verl, 1 GPU, vLLM cuda graphs | NVIDIA H200 | - | 20.29 |" in steps and "| 1.59x |" in steps
     assert "| verl, 2 GPU, vLLM cuda graphs | NVIDIA H200 | - | 26.77 |" in steps and "| 1.71x |" in steps
@@ -100,19 +106,18 @@ def test_reports_of_the_committed_queued_two_h200_results():
     assert "| transformers | NVIDIA H200 | generate_batch_size=512 | 64 x 8 | 3,532 | 72.77 | 257 / 512 | 1.28x |" in engines
 
 
-def test_reports_of_the_committed_session8_results():
+def test_reports_of_the_committed_vl_and_scoring_results():
     # Could fail if the generate split, a row's changed settings (a ratio across batch sizes) or the scoring table's
     # baseline (the update's micro_batch_size) were lost from the reports that docs/results.md quotes.
-    bench = ROOT / "docs" / "bench"
-    queued = sorted((bench / "2026-11-27-2xH200-session8").glob("*.json"))
-    steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *queued)
+    files = results_with("vl-verl1-20.json")
+    steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *files)
     assert "| verl, 1 GPU, vLLM cuda graphs | NVIDIA H200 | batch_size=8 mini_batch_size=8 | 17.06 |" in steps
     assert "- (other card or settings)" in steps and "| 2.08 / 12.89 |" in steps and "| 12.91 / 8.55 |" in steps
-    engines = run(ROOT / "scripts" / "bench_gpu.py", "report", *queued)
+    engines = run(ROOT / "scripts" / "bench_gpu.py", "report", *files)
     assert "| transformers | NVIDIA H200 | - | 64 x 8 | 2,782 | 45.49 | 253 / 512 | 1.23x |" in engines
     assert "| vllm | NVIDIA H200 | - | 16 x 8 | 14,980 | 7.83 | 235 / 256 | 10.74x |" in engines
     assert "MFU 16.8%" in engines and "MFU 14.8%" in engines
-    scoring = run(ROOT / "scripts" / "bench_gpu.py", "report", *sorted((bench / "2026-11-27-H200-score").glob("*.json")))
+    scoring = run(ROOT / "scripts" / "bench_gpu.py", "report", *results_with("score-text.json"))
     assert "| 2 (micro_batch_size) | 15.57 | 1.00x |" in scoring and "| 32 | 2.72 | 5.72x |" in scoring
     assert "| 16 (micro_batch_size) | 4.63 | 1.00x |" in scoring and "| 64 | 1.16 | 4.00x |" in scoring
     assert "| vllm | NVIDIA H200 | - | 16 x 8 | 14,450 |" in scoring and "| vllm-plain | NVIDIA H200 | - | 16 x 8 | 16,508 |" in scoring

@@ -1,9 +1,8 @@
-"""Soundness of the choice verifier (issue 12, Geometry3K): constructed-wrong answers must not be CORRECT.
+"""Soundness of the choice verifier (Geometry3K): constructed-wrong answers must not be CORRECT.
 
 Three false-positive patterns found by fuzzing, each with a regression test, then a fuzz test over real problems
-(../shared's val split, or the bundled fixtures when ../shared is absent): 0 false positives, 0 exceptions.
+(Geometry3K's val split where the dataset is present, else the bundled fixtures): 0 false positives, 0 exceptions.
 """
-import os
 import time
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from bapo_vl.verifiers.choice import extract_choice, parse_number
 
 ROOT = Path(__file__).resolve().parents[1]
 FIXTURES = ROOT / "tests" / "fixtures" / "geometry3k"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "geometry3k"
 task = load_folder(ROOT / "tasks" / "geometry3k").module
 
 NOT_CORRECT = (Verdict.WRONG, Verdict.UNPARSABLE)
@@ -127,10 +125,11 @@ def test_unit_words_are_dropped(unit):
 
 # --- fuzz over real problems --------------------------------------------------------------------------------
 
-def _problems():
-    if SHARED.is_dir() and os.environ.get("BAPO_TEST_NO_SHARED") != "1":
-        return task.load(split="val", source=str(SHARED)), "val"
-    return task.load(split="train", source=str(FIXTURES)), "fixtures"
+def _problems(source: str):
+    """The real val split where the dataset is present (conftest's geometry3k_source), else the bundled train split."""
+    if Path(source) != FIXTURES:
+        return task.load(split="val", source=source), "val"
+    return task.load(split="train", source=source), "fixtures"
 
 
 def _wrong_responses(a):
@@ -157,9 +156,9 @@ def _wrong_responses(a):
     return out
 
 
-def test_fuzz_real_problems_no_false_positive():
+def test_fuzz_real_problems_no_false_positive(geometry3k_source):
     t0 = time.perf_counter()
-    problems, origin = _problems()
+    problems, origin = _problems(geometry3k_source)
     checked, false_positives = 0, []
     for p in problems:
         a = p.answer

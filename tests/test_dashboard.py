@@ -4,7 +4,7 @@ The reader (bapo_vl.reader, shared with `bapo runs show`) is checked on that run
 an SQL oracle of the hard-problem ledger and against plain loops for the accuracy bins and migration; then the real
 server is started on a free localhost port and driven in headless Chromium with Playwright: every tab draws its
 plots, the numbers on the page match SQL on the same database, the migration matrix sums to the prompts seen at
-both steps, and a step written after the page loaded appears without a reload. Issue 14: dark mode, a search with no
+both steps, and a step written after the page loaded appears without a reload. Then dark mode, a search with no
 match, a hostile prompt text, unreadable records, one palette, tick labels, smoothing as typed and the login limit
 (each failed on the dashboard before it, but the palette test: one palette was already in use), and the
 Training-health tab with its ETA, the ledger's retries, the migration defaults and row %, Compare's interactions,
@@ -578,7 +578,7 @@ def test_a_geometry3k_prompt_shows_its_diagram(browser, tmp_path):
         demo.close()
 
 
-# ----------------------------------------------------------------------------- issue 14: bugs (each failed before)
+# ----------------------------------------------------------------------------- bugs (each test failed before its fix)
 
 
 def pick_run(page, label):
@@ -774,7 +774,7 @@ def test_wrong_passwords_are_limited(runs):
         demo.close()
 
 
-# ----------------------------------------------------------------------------- issue 14: the new views
+# ----------------------------------------------------------------------------- the views and their controls
 
 
 def test_training_health_plots_every_recorded_scalar_with_an_eta(page, runs):

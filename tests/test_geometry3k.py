@@ -15,12 +15,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # 3 train problems (data.json as published): diagrams downscaled to 160 px, saved as a palette PNG (7), an opaque
 # RGBA PNG like most of the dataset (73) and an RGBA PNG with a transparent background over black (139)
 FIXTURES = ROOT / "tests" / "fixtures" / "geometry3k"
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "geometry3k"
 SIZES = {"train": 2101, "val": 300, "test": 601}
 task = load_folder(ROOT / "tasks" / "geometry3k").module
-
-needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason=f"{SHARED} absent")
-
 
 def timed_verify(response, answer):
     t = time.perf_counter()
@@ -106,7 +102,7 @@ WRONG = [
     ("<answer>A</answer>", "C"),
     ("\\boxed{3.5}", "2\\sqrt{3}"),
     ("\\boxed{4}", "2\\sqrt{3}"),
-    ("\\boxed{121}", "120"),  # issue 12: an integer gold has no tolerance (more in test_choice_soundness.py)
+    ("\\boxed{121}", "120"),  # an integer gold has no tolerance (more in test_choice_soundness.py)
     ("<answer>3.49</answer>", {"letter": "A", "value": "3.46", "choices": ["3.46", "3.5", "4", "6"]}),  # nearer B
     ("<answer>(A) (B) (C) (D)</answer>", SQRT),  # a hedge
     ("<answer>A) or B)</answer>", SQRT),
@@ -170,7 +166,7 @@ def test_extract_helpers():
     assert parse_number("2 3") is None and parse_number("x + 1") is None and parse_number("") is None
 
 
-# --- loading: the committed fixtures (no ../shared needed) -----------------------------------------------------
+# --- loading: the committed fixtures (no dataset needed) -----------------------------------------------------
 
 def test_fixture_problems_load_and_verify():
     problems = task.load(split="train", source=str(FIXTURES))
@@ -214,12 +210,20 @@ def test_missing_source_and_split():
 
 # --- every problem of the real data ----------------------------------------------------------------------------
 
-@needs_shared
-def test_every_problem_of_the_three_splits(capsys):
+def real_geometry3k(shared_data: Path) -> Path:
+    """The full dataset in the Inter-GPS layout, from conftest's shared_data (skips where it is absent)."""
+    folder = shared_data / "geometry3k"
+    if not folder.is_dir():
+        pytest.skip(f"{folder} is not present")
+    return folder
+
+
+def test_every_problem_of_the_three_splits(capsys, shared_data):
+    data = real_geometry3k(shared_data)
     counts = {}
     t0 = time.perf_counter()
     for split, size in SIZES.items():
-        problems = task.load(split=split, source=str(SHARED))
+        problems = task.load(split=split, source=str(data))
         assert len(problems) == size and len({p.uid for p in problems}) == size
         c = dict(problems=0, letter_ok=0, value_ok=0, rounded_ok=0, other_letters_wrong=0, other_values_wrong=0,
                  shared_value=0, text_choices=0)
@@ -258,10 +262,10 @@ def test_every_problem_of_the_three_splits(capsys):
     assert sum(c["problems"] for c in counts.values()) == 3002
 
 
-@needs_shared
-def test_jsonl_layout_of_the_real_data_matches_the_folders():
-    from_jsonl = task.load(split="val", source=str(SHARED / "val.jsonl"), limit=20)
-    from_folders = task.load(split="val", source=str(SHARED), limit=20)
+def test_jsonl_layout_of_the_real_data_matches_the_folders(shared_data):
+    data = real_geometry3k(shared_data)
+    from_jsonl = task.load(split="val", source=str(data / "val.jsonl"), limit=20)
+    from_folders = task.load(split="val", source=str(data), limit=20)
     assert [p.uid for p in from_jsonl] == [p.uid for p in from_folders]
     assert [p.answer for p in from_jsonl] == [p.answer for p in from_folders]
     assert [p.messages for p in from_jsonl] == [p.messages for p in from_folders]

@@ -1,4 +1,4 @@
-"""Math verifier soundness (issue 12): constructed-wrong answers per false-positive pattern found by fuzzing,
+"""Math verifier soundness: constructed-wrong answers per false-positive pattern found by fuzzing,
 the two false negatives, the verify_batch time budget, and a small seeded fuzz of hostile variants."""
 import math
 import random

@@ -1,10 +1,9 @@
-"""Reading a run never writes to it (issue 12, item 5): no -wal/-shm files, no changed byte; a run on a read-only
+"""Reading a run never writes to it : no -wal/-shm files, no changed byte; a run on a read-only
 disk is read (cleanly finished or killed); damaged records are reported per run while the others are still
 listed; `bapo eval --run` on a read-only record refuses before it computes anything.
 
 "Read-only" is real here: for a normal user the folder's write bits are cleared; root ignores those, so for root
 the folder is covered by a read-only bind mount of itself (needs CAP_SYS_ADMIN; skipped, saying so, without it).
-Runtime: about 5 s.
 """
 from __future__ import annotations
 

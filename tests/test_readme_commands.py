@@ -1,4 +1,4 @@
-"""Every command in README.md's ```bash blocks, run as written (issue 12, item 4).
+"""Every command in README.md's ```bash blocks, run as written.
 
 CASES has one entry per README command, keyed by its text (the trailing comment dropped). A command added to the
 README without an entry, or an entry whose command left the README, fails `test_every_readme_command_has_a_case`.
@@ -11,7 +11,6 @@ answers HTTP. What a case may change, and nothing else:
   add    arguments appended only to make a run of minutes take seconds: a 1-step run of 4 prompts x 4 responses
          (SHORT_TRAIN), the first few problems of each eval set (--limit), a free port for a server
 Commands that cannot run here (the install, GPU presets, hub models) are skipped, each with its reason.
-Runtime: about 90 s of CPU (4 min wall on 2 cores shared with other jobs at load 9).
 """
 from __future__ import annotations
 
@@ -36,8 +35,8 @@ from bapo_vl.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SHORT_TRAIN = "steps=1 batch_size=4 group_size=4"  # the tiny preset trains 60 steps of 32 x 8 (minutes)
-GPU_PRESET = ("a paper preset: a 1.5B-3B hub model on one ~80 GB GPU (not run anywhere here: no machine reaches "
-              "the hub; random models of these shapes ran on GPUs, docs/results.md)")
+GPU_PRESET = ("a paper preset: a 1.5B-3B hub model on one ~80 GB GPU (the tests run offline; random models of "
+              "these shapes ran on GPUs, docs/results.md)")
 
 
 @dataclass
@@ -124,7 +123,7 @@ CASES: dict[str, Case] = {
     "bapo eval runs/<run> --run runs/<run>": Case(fill={"<run>": "base"}, add="--limit 2",
                                                    check=shows("mean@8", "recorded in runs/base (evals table) at step 1")),
     "bapo eval Qwen/Qwen2.5-Math-1.5B --task math --source path/to/eval_dir --splits aime24,math500":
-        Case(skip="Qwen/Qwen2.5-Math-1.5B from the hub (the machines running the tests have no network)"),
+        Case(skip="Qwen/Qwen2.5-Math-1.5B from the hub (the tests run offline)"),
 }
 
 FILES = {  # files README commands name, written into their folder

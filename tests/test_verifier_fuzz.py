@@ -1,4 +1,4 @@
-"""Fuzz of the three verifiers (issue 12): >= 20,000 seeded hostile responses each (tests/hostile.py: values near
+"""Fuzz of the three verifiers: >= 20,000 seeded hostile responses each (tests/hostile.py: values near
 the gold, hedges, relation chains, unit words, smuggled golds, LaTeX injection, unicode lookalikes, power towers,
 deep nesting, 100 kB strings, reused / missing / extra countdown numbers, division by zero ...), every one judged by
 an oracle that shares no code with the verifier. Each verifier is called without its last-resort guard, so an

@@ -52,7 +52,7 @@ from bapo_vl.problem import Verdict
 from . import sandbox
 from .latex import last_boxed, match_brace
 
-VERIFIER_VERSION = "math-1.2"  # bump when a response could be judged differently (1.1, 1.2: issue 12)
+VERIFIER_VERSION = "math-1.2"  # bump when a response could be judged differently
 log = logging.getLogger(__name__)
 MAX_RESPONSE_CHARS = 10_000  # only the tail of a response is searched for the answer
 MAX_ANSWER_CHARS = 1_000  # a longer extracted answer counts as unparsable

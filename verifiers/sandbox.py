@@ -13,7 +13,7 @@ The caller waits with `Connection.poll(remaining)`: no signals, so any thread ma
 limit is SIGKILLed (the caller returns about a millisecond after the limit), however it is stuck (in C code,
 in sympy), and a replacement starts at once in the background; a worker that dies (segfault, OOM kill) gives
 EOF -> `SandboxError` and is replaced the same way; an exception raised by `fn` is re-raised in the caller.
-Starting a worker on demand (interpreter, imports and `init`, about 1 s) is not counted in `timeout` but is
+Starting a worker on demand (interpreter, imports and `init`: slow next to a check) is not counted in `timeout` but is
 bounded by START_TIMEOUT; `warm()` starts workers ahead of time. Waiting for a busy worker, or for a replacement
 still starting, counts: so calls that share a deadline (math.verify_batch) end by it, stalled workers or not.
 

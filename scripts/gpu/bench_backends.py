@@ -17,8 +17,11 @@ run, kl_coef=0 so neither backend keeps a reference model):
 
 A `train` run is `bapo train` (embedded) or `python -m bapo_vl.backends.verl_main` (verl) for --steps steps; figures
 come from its run record (t_generate, t_score, t_train, t_sync, rollouts, response_length, step wall times); step 1
-(warm-up, CUDA graphs / compilation) is left out of the medians. Run from a folder where `bapo_vl` imports (on the
-device tool: scripts/gpu/env.sh, then cd /tmp).
+(warm-up, CUDA graphs / compilation) is left out of the medians.
+
+Needs bapo-vl installed (`pip install -e .`) and, for the verl rows, its `[verl]` and `[vllm]` extras
+(`pip install -e ".[verl,vllm]"`). Run it from outside the checkout, so that Ray's workers import the installed
+package (and load its verl plugin through the entry point) rather than the source folder.
 """
 from __future__ import annotations
 
@@ -41,8 +44,8 @@ MAX_PIXELS = 448 * 448
 COMMON = dict(online_filter="none", reeval_every=100000, kl_coef=0.0, entropy_coef=0.0, lr=1e-6, device="cuda",
               save_every=0, log_samples=2)
 # The verl presets the shapes start from are functional runs with vLLM in eager mode (no compile, no CUDA graphs:
-# short calls); a benchmark runs vLLM as users do, as the embedded backend's vLLM engine does. Every verl row before
-# 2026-11-27's 2 x H100 session ran eager (the report says so for results that do not name the mode).
+# short runs); a benchmark runs vLLM as users do, as the embedded backend's vLLM engine does. Results recorded before
+# this override ran eager: the report says so for results that do not name the mode.
 VLLM_AS_USERS_RUN_IT = {"actor_rollout_ref.rollout.enforce_eager": False}
 
 SHAPES = {
@@ -68,7 +71,7 @@ def models(out: Path):
 
     from bapo_vl.tiny import VISION_3B, build_qwen2, build_qwen2_5_vl
 
-    torch.set_default_device("cuda" if torch.cuda.is_available() else "cpu")  # random init on the card: seconds
+    torch.set_default_device("cuda" if torch.cuda.is_available() else "cpu")  # random init on the card, not on the CPU
     for name, build in (("text", lambda: build_qwen2(**TEXT)),
                         ("vl", lambda: build_qwen2_5_vl(**VL_TEXT, vision=VISION_3B, max_pixels=MAX_PIXELS))):
         model, tok = build()

@@ -1,5 +1,5 @@
 """What the CPU tests cannot show about the embedded backend's vLLM rollout engine (`rollout_engine=vllm`), checked on
-a GPU with the stack of ../shared/tools/gpu-stack on the path.
+a GPU. Needs bapo-vl installed with its vLLM extra (`pip install -e ".[vllm]"`).
 
     python scripts/gpu/engine_checks.py [--preset NAME] [KEY=VALUE ...]    # default: the tiny preset on cuda
     python scripts/gpu/engine_checks.py --preset geometry3k model=DIR "task_options={source: G3K}"   # Qwen2.5-VL
@@ -12,7 +12,7 @@ policy alpha (`backend.rollout`) and under pi_theta (`backend.policy`):
   behaviour  the stored behaviour log-probs (what `generate` returns) equal the engine's log-probs of the sampled
              tokens within TOLERANCE (bf16 engine vs the trainer's bf16 autocast forward of the same weights), or
              within BF16_SCALE x the trainer's own bf16-vs-fp32 distance where that is larger (two bf16 forwards,
-             each about that far from fp32: the 2 B VL shape's is 0.054 per token on an H200), printed too
+             each about that far from fp32; the distance is printed too)
   stale      after an update without a sync the engine still matches alpha, not pi_theta
   x2         a re-evaluation (policy="current") samples from pi_theta: its greedy answers are pi_theta's, not alpha's;
              afterwards the engine matches alpha again

@@ -48,7 +48,7 @@ from bapo_vl.verifiers.choice import verify as verify_choice
 
 NAME = "geometry3k"
 # letter-or-value verdicts over bapo_vl.verifiers.choice; bump when they can change
-VERSION = "geometry3k-1.2"  # 1.1: issue 12 (exact values, single nearest choice, hedged letters); 1.2: unit words only
+VERSION = "geometry3k-1.2"  # 1.1: exact values, single nearest choice, hedged letters; 1.2: unit words only
 EVAL_SPLITS = ["test"]  # the 601 test problems the Inter-GPS paper and BAPO report on
 LETTERS = "ABCD"
 TEMPLATES = ("letter", "value")
@@ -281,7 +281,7 @@ def load(split: str = "train", source: str | None = None, limit: int | None = No
                          "or a .parquet file in the hiyouga/geometry3k layout")
     problems, seen, bad, switched = [], {}, 0, 0
     rows = _rows(source, split)
-    # PNG decoding (about 3 ms a diagram) runs in threads: PIL releases the GIL while it decodes
+    # PNG decoding runs in threads: PIL releases the GIL while it decodes
     with ThreadPoolExecutor(max_workers=DECODE_THREADS) as pool:
         while limit is None or len(problems) < limit:
             chunk = list(itertools.islice(rows, CHUNK if limit is None else min(CHUNK, limit - len(problems))))
