@@ -1,0 +1,441 @@
+"""Train a geodraw start policy from scratch: a small Qwen2.5-VL-architecture model (bapo_vl.tiny.build_qwen2_5_vl,
+byte-level tokenizer) that answers geodraw problems (tasks/geodraw/task.py: drawn geometry diagrams, the numbers
+only in the image, four choices A-D). `--size geodraw-tiny` is for tests (a few hundred K parameters);
+`--size geodraw-30m` (~32 M parameters) is the start policy for vision-language RL, trained on one GPU into a folder
+outside bapo_vl/ and passed as model=. Shape and recipe flags override the size's values.
+
+Supervised fine-tuning (seeded, reproducible for a given device) on the geodraw train split (`load(split="train",
+n=--problems, seed=--data-seed, image_size=--image-size)`). The prompt is rendered exactly as the embedded backend
+renders it at RL time (EmbeddedBackend.encode: processor.apply_chat_template(messages, add_generation_prompt=True)
+then processor(text, images)); the response is the answer the RL prompt asks for and the choice verifier grades:
+
+    prompt    <|vision_start|><|image_pad|>x64<|vision_end|>Find x.\\nChoices:\\nA. 35 ... e.g. <answer>A</answer>.\\n
+    response  <answer>C</answer><|im_end|>
+
+The loss is on response tokens only (eos included); AdamW, linear warm-up then cosine decay, grad-clip 1, bf16
+autocast on CUDA (weights fp32). Prompts (ids + pixel values, stored as exact uint8) are encoded once in CPU memory
+and batched by index. --max-seconds stops training when the wall time passes it; the model is then still saved
+and evaluated. At the end: greedy accuracy (through the real verifier, by kind) on the first --eval-problems of
+the held-out test split, and on the same problems with blank images (the image-blind control, ~25 %). Saves model
++ processor (save_pretrained, fp32) to --out with TRAINING.md and training.json. RL then runs with
+
+    bapo train task=geodraw model=OUT max_pixels=50176      # 224*224: the processor keeps the 224 px image
+
+    PYTHONPATH=. python scripts/train_vl_policy.py --size geodraw-30m --out runs/policies/geodraw-30m \\
+        --steps 3000 --max-seconds 240                        # one GPU
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import shlex
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+# --size: shape and recipe (text: hidden/layers/heads/kv_heads/intermediate; vision tower: vision_*)
+SIZES = {
+    "geodraw-tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=256, vision_depth=2,
+                         vision_hidden=64, vision_heads=2, vision_intermediate=128,
+                         steps=200, batch=16, problems=2000, lr=2e-3, warmup=20),
+    "geodraw-30m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536, vision_depth=6,
+                        vision_hidden=256, vision_heads=4, vision_intermediate=1024,
+                        steps=3000, batch=64, problems=10_000, lr=5e-4, warmup=100),
+}
+SHAPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vision_depth", "vision_hidden",
+              "vision_heads", "vision_intermediate")
+PACKAGED = ROOT / "bapo_vl"  # everything under it goes into the wheel
+MAX_PACKAGED_PARAMS = 2_000_000
+EVAL_DURING = 128  # --eval-every: greedy accuracy on the first 128 test problems
+TEST_SEED = 0  # the test set `bapo eval` / RL evaluation loads (task seed 0)
+
+
+def get_task():
+    from bapo_vl.plugins import get_task as _get
+
+    return _get("geodraw")
+
+
+def target_text(letter: str) -> str:
+    """The response trained on (before eos): what the prompt asks for and the choice verifier grades."""
+    return f"<answer>{letter}</answer>"
+
+
+def prompt_text(processor, problem) -> str:
+    # as EmbeddedBackend.encode renders a VL prompt
+    return processor.apply_chat_template(problem.messages, add_generation_prompt=True, tokenize=False)
+
+
+def encode_prompt(processor, problem) -> dict:
+    """The prompt as EmbeddedBackend.encode makes it: input_ids, mm_token_type_ids (1-D), pixel_values,
+    image_grid_thw."""
+    out = processor(text=[prompt_text(processor, problem)], images=problem.images or None, return_tensors="pt")
+    enc = {k: v[0] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v for k, v in out.items()}
+    enc.pop("attention_mask", None)
+    return enc
+
+
+class Encoded:
+    """Problems encoded once, on CPU: right-padded prompt+response ids, labels (-100 outside the response),
+    image-token markers, and pixel values stored as uint8 in the processor's patch layout (exact: the processor
+    only rescales and normalises; `pixels(idx)` undoes the storage)."""
+
+    def __init__(self, problems, processor, with_response: bool = True):
+        tok = processor.tokenizer
+        ip = processor.image_processor
+        rows, types, starts, pix, grids = [], [], [], [], []
+        self.scale, err = float(ip.rescale_factor), 0.0
+        self.mean = self.std = None
+        for i, p in enumerate(problems):
+            enc = encode_prompt(processor, p)
+            ids = enc["input_ids"].tolist()
+            starts.append(len(ids))
+            if with_response:
+                resp = tok(target_text(p.answer["letter"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                ids = ids + resp
+            rows.append(ids)
+            types.append(enc["mm_token_type_ids"].tolist() if "mm_token_type_ids" in enc else [0] * len(ids))
+            pv = enc["pixel_values"]  # [patches, dim] fp32, kept as bytes (a quarter of the memory)
+            if self.mean is None:
+                dim = pv.shape[1]  # patch layout (channel, temporal, h, w): channel = column // (dim / 3)
+                chan = torch.arange(dim) // (dim // 3)
+                self.mean = torch.tensor(ip.image_mean, dtype=torch.float32)[chan]
+                self.std = torch.tensor(ip.image_std, dtype=torch.float32)[chan]
+            raw = (pv * self.std + self.mean) / self.scale
+            u8 = raw.round().clamp(0, 255).to(torch.uint8)
+            err = max(err, (raw - u8.float()).abs().max().item())
+            pix.append(u8)
+            grids.append(enc["image_grid_thw"])
+            if i < 4 and with_response:  # the response appended to the prompt = the processor on the whole text
+                whole = processor(text=[prompt_text(processor, p) + target_text(p.answer["letter"]) + tok.eos_token],
+                                  images=p.images, return_tensors="pt")["input_ids"][0].tolist()
+                assert whole == ids, "prompt + response encoding mismatch"
+        if len({tuple(g.flatten().tolist()) for g in grids}) != 1:
+            raise ValueError("all images must have the same size (one --image-size)")
+        self.grid = grids[0]  # [1, 3]
+        assert err < 1e-2, f"pixel values are not rescaled bytes (max error {err})"
+        self.pix = torch.stack(pix)  # [N, patches, dim] uint8
+        self.starts = torch.tensor(starts)
+        self.lengths = torch.tensor([len(r) for r in rows])
+        width = max(map(len, rows))
+        pad = tok.pad_token_id
+        self.ids = torch.full((len(rows), width), pad, dtype=torch.long)
+        self.types = torch.zeros((len(rows), width), dtype=torch.long)
+        self.labels = torch.full((len(rows), width), -100, dtype=torch.long)
+        for k, (r, t, s) in enumerate(zip(rows, types, starts)):
+            self.ids[k, :len(r)] = torch.tensor(r)
+            self.types[k, :len(t)] = torch.tensor(t)
+            self.labels[k, s:len(r)] = self.ids[k, s:len(r)]
+        self.problems = problems
+
+    def __len__(self):
+        return len(self.ids)
+
+    def pixels(self, idx, device) -> torch.Tensor:
+        u8 = self.pix[idx].to(device, non_blocking=True)
+        pv = (u8.float() * self.scale - self.mean.to(device)) / self.std.to(device)
+        return pv.reshape(-1, pv.shape[-1])
+
+    def batch(self, idx: torch.Tensor, device) -> tuple[dict, torch.Tensor]:
+        """Model inputs for rows idx (right padded, trimmed to the longest) and their labels."""
+        w = int(self.lengths[idx].max())
+        ids = self.ids[idx, :w]
+        mask = (torch.arange(w)[None] < self.lengths[idx][:, None]).long()
+        inputs = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": self.types[idx, :w],
+                  "image_grid_thw": self.grid.repeat(len(idx), 1)}
+        inputs = {k: v.to(device) for k, v in inputs.items()}
+        inputs["pixel_values"] = self.pixels(idx, device)
+        return inputs, self.labels[idx, :w].to(device)
+
+
+@torch.no_grad()
+def greedy_answers(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64, max_new_tokens: int = 32):
+    """Greedy responses to enc's prompts (left padded, as the backend generates)."""
+    tok = processor.tokenizer
+    pad, eos = tok.pad_token_id, tok.eos_token_id
+    suppress = [model.config.image_token_id, model.config.video_token_id]
+    out = []
+    for i in range(0, len(enc), batch):
+        idx = torch.arange(i, min(i + batch, len(enc)))
+        starts = enc.starts[idx]
+        P = int(starts.max())
+        ids = torch.full((len(idx), P), pad, dtype=torch.long)
+        types = torch.zeros((len(idx), P), dtype=torch.long)
+        mask = torch.zeros((len(idx), P), dtype=torch.long)
+        for k, (j, s) in enumerate(zip(idx.tolist(), starts.tolist())):
+            ids[k, P - s:] = enc.ids[j, :s]
+            types[k, P - s:] = enc.types[j, :s]
+            mask[k, P - s:] = 1
+        inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device), "mm_token_type_ids": types.to(device),
+                  "image_grid_thw": enc.grid.repeat(len(idx), 1).to(device), "pixel_values": enc.pixels(idx, device)}
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            gen = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
+                                 eos_token_id=eos, suppress_tokens=suppress)
+        out.extend(tok.batch_decode(gen[:, P:], skip_special_tokens=True))
+    return out
+
+
+def accuracy(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64) -> dict:
+    """Greedy accuracy through the task's verifier: overall and by kind, plus a few examples."""
+    from bapo_vl.problem import Verdict
+
+    task = get_task()
+    was_training = model.training
+    model.eval()
+    responses = greedy_answers(model, processor, enc, device, bf16, batch)
+    model.train(was_training)
+    right, by_kind = [], defaultdict(list)
+    for p, r in zip(enc.problems, responses):
+        ok = task.verify(r, p.answer) == Verdict.CORRECT
+        right.append(ok)
+        by_kind[p.meta["kind"]].append(ok)
+    return {"n": len(right), "acc": sum(right) / max(1, len(right)),
+            "by_kind": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_kind.items())},
+            "examples": [{"uid": p.uid, "answer": p.answer["letter"], "response": r}
+                         for p, r in zip(enc.problems[:4], responses[:4])]}
+
+
+def lr_at(step: int, total: int, lr: float, warmup: int, min_ratio: float) -> float:
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    t = min(1.0, (step - warmup) / max(1, total - warmup))
+    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
+
+
+def build(args):
+    from bapo_vl.tiny import build_qwen2_5_vl
+
+    side = args.image_size
+    vision = dict(depth=args.vision_depth, hidden_size=args.vision_hidden, num_heads=args.vision_heads,
+                  intermediate_size=args.vision_intermediate,
+                  # full attention in every third block (and the last); windowed (112 px) elsewhere
+                  fullatt_block_indexes=sorted({i for i in range(args.vision_depth) if i % 3 == 2}
+                                               | {args.vision_depth - 1}))
+    return build_qwen2_5_vl(seed=args.seed, hidden=args.hidden, layers=args.layers, heads=args.heads,
+                            kv_heads=args.kv_heads, intermediate=args.intermediate, max_pixels=side * side,
+                            vision=vision)
+
+
+def save_policy(model, processor, folder: Path):
+    folder.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
+    model.save_pretrained(folder, state_dict=state, safe_serialization=True)
+    processor.save_pretrained(folder)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--size", choices=list(SIZES), default="geodraw-30m",
+                    help="shape and recipe (the flags below override its values): " + "; ".join(
+                        f"{name}: {', '.join(f'{k}={v}' for k, v in d.items())}" for name, d in SIZES.items()))
+    ap.add_argument("--steps", type=int)
+    ap.add_argument("--batch", type=int)
+    ap.add_argument("--problems", type=int, help="training problems (geodraw train split, cycled in epochs)")
+    for key in SHAPE_KEYS:
+        ap.add_argument("--" + key.replace("_", "-"), type=int)
+    ap.add_argument("--image-size", type=int, default=224, help="side of the drawn image, px (max_pixels = its square)")
+    ap.add_argument("--lr", type=float)
+    ap.add_argument("--min-lr-ratio", type=float, default=0.0)
+    ap.add_argument("--warmup", type=int)
+    ap.add_argument("--weight-decay", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=0, help="model init and batch order")
+    ap.add_argument("--data-seed", type=int, default=0, help="geodraw train-split seed")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="bf16 autocast (default: on for cuda); weights stay fp32")
+    ap.add_argument("--max-seconds", type=float, default=None,
+                    help="stop training once the training wall time passes this (then save and evaluate)")
+    ap.add_argument("--log-every", type=int, default=50)
+    ap.add_argument("--eval-every", type=int, default=0, help=f"greedy accuracy on {EVAL_DURING} test problems every N steps")
+    ap.add_argument("--eval-problems", type=int, default=500, help="final evaluation: first N test problems")
+    ap.add_argument("--eval-batch", type=int, default=None)
+    ap.add_argument("--save-at", default="", metavar="STEP,STEP",
+                    help="also save the policy as it is after these steps, in OUT/step_N (with its greedy accuracy "
+                         f"on {EVAL_DURING} test problems)")
+    args = ap.parse_args(argv)
+    for key, value in SIZES[args.size].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+
+    t_start = time.time()
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+    device = torch.device(args.device)
+    bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
+    eval_batch = args.eval_batch or (128 if device.type == "cuda" else 32)
+
+    model, processor = build(args)  # first, so an --out inside the wheel fails at once
+    n_params = sum(p.numel() for p in model.parameters())
+    n_vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
+    out = Path(args.out)
+    if n_params > MAX_PACKAGED_PARAMS and out.resolve().is_relative_to(PACKAGED):
+        raise SystemExit(f"--out {args.out} is inside {PACKAGED}, which the wheel packages, and this model has "
+                         f"{n_params:,} parameters: build it outside (e.g. --out runs/policies/{args.size})")
+    save_at = sorted({int(x) for x in args.save_at.split(",") if x.strip()})
+    if any(not 0 < x < args.steps for x in save_at):
+        raise SystemExit(f"--save-at {args.save_at}: each step must be in 1..{args.steps - 1} (the last is --out)")
+
+    task = get_task()
+    train_problems = task.load(split="train", n=args.problems, seed=args.data_seed, image_size=args.image_size)
+    n_eval = max(args.eval_problems, EVAL_DURING if (args.eval_every or save_at) else 0)
+    test_problems = task.load(split="test", n=n_eval, seed=TEST_SEED, image_size=args.image_size)
+    blank_problems = task.load(split="test", n=args.eval_problems, seed=TEST_SEED, image_size=args.image_size,
+                               blank_images=True)
+    from bapo_vl.problem import Verdict
+    bad = [p.uid for p in train_problems[:64] if task.verify(target_text(p.answer["letter"]), p.answer) != Verdict.CORRECT]
+    assert not bad, f"the verifier does not grade the target correct: {bad}"
+    data = Encoded(train_problems, processor)
+    test = Encoded(test_problems, processor, with_response=False)
+    print(f"problems {len(data)} train, {len(test)} test (encoded in {time.time() - t_start:.1f}s), "
+          f"width {data.ids.shape[1]}, image {args.image_size}px = {int(data.grid.prod()) // 4} image tokens, "
+          f"params {n_params:,} (vision {n_vision:,}), device {device}, bf16 {bf16}", flush=True)
+    during = Encoded(test_problems[:EVAL_DURING], processor, with_response=False) if (args.eval_every or save_at) else None
+
+    model.to(device).train()
+    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
+                            **({"fused": True} if device.type == "cuda" else {}))
+    gen = torch.Generator().manual_seed(args.seed)
+    perm, pos = torch.randperm(len(data), generator=gen), 0
+    log, curve, snapshots = [], [], {}
+    stopped_early = False
+    t0 = time.time()
+    steps_done = 0
+    for step in range(args.steps):
+        if step and args.max_seconds is not None and time.time() - t0 > args.max_seconds:
+            stopped_early = True
+            print(f"--max-seconds {args.max_seconds}: stopping after {step} steps", flush=True)
+            break
+        if pos + args.batch > len(perm):
+            perm, pos = torch.randperm(len(data), generator=gen), 0
+        idx = perm[pos:pos + args.batch]
+        pos += args.batch
+        inputs, y = data.batch(idx, device)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, args.steps, args.lr, args.warmup, args.min_lr_ratio)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            logits = model(**inputs).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                                 y[:, 1:].reshape(-1), ignore_index=-100)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        steps_done = step + 1
+        if steps_done % args.log_every == 0 or step == 0 or steps_done == args.steps:
+            lv = loss.item()
+            log.append({"step": steps_done, "loss": round(lv, 5), "seconds": round(time.time() - t0, 1)})
+            line = f"step {steps_done}/{args.steps} loss {lv:.4f} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s"
+            if args.eval_every and (steps_done % args.eval_every == 0 or steps_done == args.steps):
+                r = accuracy(model, processor, during, device, bf16, eval_batch)
+                curve.append({"step": steps_done, f"greedy_acc_{EVAL_DURING}": r["acc"]})
+                line += f" greedy@{EVAL_DURING} {r['acc']:.3f}"
+            print(line, flush=True)
+        if steps_done in save_at:
+            folder = out / f"step_{steps_done}"
+            save_policy(model, processor, folder)
+            r = accuracy(model, processor, during, device, bf16, eval_batch)
+            snapshots[steps_done] = {"folder": folder.name, f"greedy_acc_{EVAL_DURING}": r["acc"]}
+            (folder / "training.json").write_text(json.dumps({"step": steps_done, **snapshots[steps_done]}, indent=1))
+            print(f"saved {folder}: {snapshots[steps_done]}", flush=True)
+    train_s = time.time() - t0
+    if log and log[-1]["step"] != steps_done:
+        log.append({"step": steps_done, "loss": round(loss.item(), 5), "seconds": round(train_s, 1)})
+
+    model.eval()
+    save_policy(model, processor, out)
+    final_loss = sum(d["loss"] for d in log[-3:]) / max(1, len(log[-3:]))
+    t_eval = time.time()
+    final = Encoded(test_problems[:args.eval_problems], processor, with_response=False)
+    result = accuracy(model, processor, final, device, bf16, eval_batch)
+    blank = accuracy(model, processor, Encoded(blank_problems, processor, with_response=False), device, bf16,
+                     eval_batch)
+    eval_s = time.time() - t_eval
+    print(f"test greedy acc {result['acc']:.3f} {result['by_kind']}; blank images {blank['acc']:.3f} "
+          f"({eval_s:.0f}s)", flush=True)
+
+    command = "PYTHONPATH=. python scripts/train_vl_policy.py " + " ".join(shlex.quote(a) for a in (
+        argv if argv is not None else sys.argv[1:]))
+    size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    meta = {
+        "command": command, "size": args.size, "name": out.name, "seed": args.seed, "data_seed": args.data_seed,
+        "steps": steps_done, "steps_planned": args.steps, "stopped_by_max_seconds": stopped_early,
+        "max_seconds": args.max_seconds, "batch": args.batch, "problems": len(data),
+        "epochs": round(steps_done * args.batch / len(data), 2), "image_size": args.image_size,
+        "max_pixels": args.image_size ** 2, "image_tokens": int(data.grid.prod()) // 4,
+        "target": target_text("X") + processor.tokenizer.eos_token,
+        "shape": {k: getattr(args, k) for k in SHAPE_KEYS} | {"vocab": len(processor.tokenizer)},
+        "params": n_params, "vision_params": n_vision, "lr": args.lr, "warmup": args.warmup,
+        "min_lr_ratio": args.min_lr_ratio, "weight_decay": args.weight_decay,
+        "device": str(device) + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else ""),
+        "bf16_autocast": bf16, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+        "train_seconds": round(train_s, 1), "eval_seconds": round(eval_s, 1), "final_loss": round(final_loss, 5),
+        "loss_log": log, "eval_curve": curve, "snapshots": snapshots,
+        "eval": {"split": "test", "seed": TEST_SEED, "n": result["n"], "greedy_acc": result["acc"],
+                 "greedy_acc_by_kind": result["by_kind"], "blank_images_greedy_acc": blank["acc"],
+                 "blank_images_by_kind": blank["by_kind"], "examples": result["examples"]},
+    }
+    (out / "training.json").write_text(json.dumps(meta, indent=1))
+    (out / "TRAINING.md").write_text(training_md(meta, size))
+    print(f"saved {out} ({size / 1e6:.2f} MB) in {time.time() - t_start:.0f}s", flush=True)
+    return meta
+
+
+def training_md(m: dict, size: int) -> str:
+    s, e = m["shape"], m["eval"]
+    stop = (f", stopped by --max-seconds {m['max_seconds']} after {m['steps']} of {m['steps_planned']} planned steps"
+            if m["stopped_by_max_seconds"] else "")
+    lines = [
+        f"# {m['name']}: a geodraw policy (--size {m['size']})",
+        "",
+        "A small Qwen2.5-VL-architecture model (byte-level tokenizer with Qwen special tokens, `bapo_vl.tiny`), "
+        "trained from scratch (SFT) on the geodraw train split (`tasks/geodraw/task.py`: drawn geometry diagrams, "
+        "the numbers only in the image, four choices). Prompt: the task's messages rendered as the embedded backend "
+        f"renders them (image of {m['image_size']} px = {m['image_tokens']} image tokens); response "
+        f"`{m['target']}` (graded by `bapo_vl.verifiers.choice`). Use with max_pixels={m['max_pixels']} or more.",
+        "",
+        "```",
+        m["command"],
+        "```",
+        "",
+        f"- seed {m['seed']} (data seed {m['data_seed']}), {m['steps']} steps of batch {m['batch']} over "
+        f"{m['problems']:,} problems ({m['epochs']} epochs){stop}; AdamW lr {m['lr']} (warm-up {m['warmup']}, "
+        f"cosine over {m['steps_planned']} steps), weight decay {m['weight_decay']}; loss on response tokens only",
+        f"- shape: text hidden {s['hidden']}, layers {s['layers']}, heads {s['heads']} (kv {s['kv_heads']}), "
+        f"intermediate {s['intermediate']}, vocab {s['vocab']}, tied embeddings; vision depth {s['vision_depth']}, "
+        f"hidden {s['vision_hidden']}, heads {s['vision_heads']}, intermediate {s['vision_intermediate']}; "
+        f"{m['params']:,} parameters ({m['vision_params']:,} vision), fp32 safetensors; folder {size / 1e6:.2f} MB",
+        f"- trained on {m['device']}, bf16 autocast {m['bf16_autocast']}, torch {m['torch']}, transformers "
+        f"{m['transformers']}, {m['train_seconds']} s",
+        f"- final training loss (per response token) {m['final_loss']}",
+        "",
+        f"## Greedy accuracy on the test split ({e['n']} problems, seed {e['seed']}, verifier "
+        "`bapo_vl.verifiers.choice`)",
+        "",
+        f"- diagrams: {e['greedy_acc']:.1%} (" + ", ".join(f"{k} {v:.1%}" for k, v in e["greedy_acc_by_kind"].items())
+        + ")",
+        f"- blank images (the same problems, image-blind control; chance 25 %): {e['blank_images_greedy_acc']:.1%}",
+    ]
+    if m["eval_curve"]:
+        lines += ["", f"During training (first {EVAL_DURING} test problems): " + ", ".join(
+            f"step {c['step']} {c[f'greedy_acc_{EVAL_DURING}']:.1%}" for c in m["eval_curve"])]
+    if m["snapshots"]:
+        lines += ["", "Snapshots: " + ", ".join(f"{v['folder']} {v[f'greedy_acc_{EVAL_DURING}']:.1%}"
+                                                for v in m["snapshots"].values())]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
