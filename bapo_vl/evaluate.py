@@ -170,7 +170,7 @@ def preset_config(model: str, task: str) -> dict:
     """The config of the training preset (bapo_vl/presets/<name>.yaml) that trains `model` on `task`, or {}: the
     lengths and prompt template a bare model is evaluated with. Launch files of other trainers (verl_*.yaml: keys
     that are no Config fields) are not training presets of this one."""
-    from bapo_vl.backends.embedded import resolve_model
+    from bapo_vl.models import resolve_model
 
     wanted = _same_model(resolve_model(model))
     for path in sorted(PRESET_DIR.glob("*.yaml")):
@@ -190,7 +190,7 @@ def model_positions(model: str) -> int | None:
     """max_position_embeddings of `model` (its text model's, for a VL model), read from its config alone."""
     from transformers import AutoConfig
 
-    from bapo_vl.backends.embedded import resolve_model
+    from bapo_vl.models import resolve_model
 
     config = AutoConfig.from_pretrained(resolve_model(model))
     return getattr(config.get_text_config(), "max_position_embeddings", None)

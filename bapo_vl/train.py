@@ -199,7 +199,7 @@ def check_model(model: str) -> None:
     import huggingface_hub
     from transformers import AutoConfig
 
-    from bapo_vl.backends.embedded import resolve_model
+    from bapo_vl.models import resolve_model
 
     path = resolve_model(model)
     try:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bapo_vl.cli import main
-from bapo_vl.backends.embedded import POLICY_DIR
+from bapo_vl.models import POLICY_DIR
 from bapo_vl.evaluate import fit_lengths, pass_at_k
 from bapo_vl.record import query_ro, read_meta, read_run
 

@@ -27,26 +27,17 @@ from bapo_vl.backends.base import Policy, Response, UpdateBatch, old_logprobs, p
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.engines import make_engine
 from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
+from bapo_vl.models import resolve_model
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.problem import Problem
 
 log = logging.getLogger(__name__)
-POLICY_DIR = Path(__file__).resolve().parent.parent / "policy"
 CHECKPOINT = "backend.pt"  # what save_checkpoint writes into a checkpoint folder
 LOGIT_ROWS = 512  # response tokens whose full-vocabulary logits are materialised at once (x V floats each)
 # Attention kernels the update may use: all but cuDNN's, whose backward (torch 2.11+, H100/H200) returns NaN query
 # gradients when a mask is given, the length is 64 mod 128 and a row's logits are all very negative (logsumexp
 # < -88.7): pytorch/pytorch#196678 (scripts/gpu/attention_nan_check.py shows it on a card).
 UPDATE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-
-
-def resolve_model(name: str) -> str:
-    """A local path, a policy bundled in bapo_vl/policy/, or a hub id (left to from_pretrained)."""
-    if Path(name).exists():
-        return str(name)
-    if (POLICY_DIR / name).is_dir():
-        return str(POLICY_DIR / name)
-    return name
 
 
 ADDITIVE = ("loss", "pg_loss", "kl", "entropy")  # micro-batch terms that add up to the mini-batch's

@@ -133,7 +133,7 @@ class VllmEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # collective_rpc reaches the in-process worker
         from vllm import LLM, SamplingParams
 
-        from bapo_vl.backends.embedded import resolve_model
+        from bapo_vl.models import resolve_model
 
         self.backend, cfg = backend, backend.cfg
         fixed = dict(model=resolve_model(cfg.model), dtype="bfloat16", seed=cfg.seed, enable_sleep_mode=True,

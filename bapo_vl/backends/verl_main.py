@@ -75,7 +75,7 @@ def load_configs(path: str, overrides: list[str]):
 def derived_settings(cfg) -> dict[str, tuple[str, object]]:
     """verl keys decided by our Config: {dotted verl key: (our field, value)}. One place per setting: a `verl.`
     override of any of these is refused."""
-    from bapo_vl.backends.embedded import resolve_model
+    from bapo_vl.models import resolve_model
     from bapo_vl.backends.verl_loss import actor_settings
 
     out = {f"actor_rollout_ref.actor.{k}": v for k, v in actor_settings(cfg).items()}
