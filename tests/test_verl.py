@@ -802,6 +802,16 @@ def test_verl_overrides_of_our_settings_are_refused():
         load_configs(preset, ["verl.actor_rollout_ref.rollout.calculate_log_probs=false"])
 
 
+@pytest.mark.parametrize("field", ["rollout_engine=vllm", "micro_batch_size=4", "dtype=float32"])
+def test_embedded_only_settings_are_refused_on_verl_with_what_to_use(field):
+    # Could fail if verl silently ignored a setting the user gave (it used to).
+    from bapo_vl.backends.verl_main import load_configs
+
+    preset = str(ROOT / "bapo_vl" / "presets" / "verl_math.yaml")
+    with pytest.raises(ValueError, match=rf"bapo\.{field.partition('=')[0]}: the verl backend does not use it; .*verl"):
+        load_configs(preset, [f"bapo.{field}"])
+
+
 def test_verl_discovers_our_loss_plugin_on_import():
     """A fresh interpreter (as a Ray worker is): `import verl` alone registers bapo_balanced_clip."""
     import subprocess

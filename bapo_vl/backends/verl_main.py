@@ -27,6 +27,18 @@ import yaml
 log = logging.getLogger(__name__)
 
 
+# Config fields only the embedded backend reads -> what sets the same thing on verl. Setting one for a verl run is
+# refused rather than silently ignored.
+EMBEDDED_ONLY = {
+    "rollout_engine": "verl samples with its own engine: verl.actor_rollout_ref.rollout.name",
+    "vllm_options": "set verl's vLLM through verl.actor_rollout_ref.rollout.* (e.g. gpu_memory_utilization)",
+    "generate_batch_size": "verl's engine batches the rollouts itself (verl.actor_rollout_ref.rollout.max_num_seqs)",
+    "score_batch_size": "use verl.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+    "micro_batch_size": "use verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+    "dtype": "verl computes in bf16 under FSDP's mixed precision (verl.actor_rollout_ref.actor.fsdp_config)",
+}
+
+
 def load_configs(path: str, overrides: list[str]):
     """(our Config, verl OmegaConf) from a verl_*.yaml preset plus `bapo.k=v` / `verl.a.b=v` overrides."""
     from hydra import compose, initialize_config_dir
@@ -56,6 +68,9 @@ def load_configs(path: str, overrides: list[str]):
         cfg = resume_config(resume, [o for o in given if not o.startswith("resume=")])
     else:
         cfg = load_config(preset=data.get("preset"), overrides=bapo + given)
+    for key in dict.fromkeys(o.partition("=")[0] for o in bapo + given):
+        if key in EMBEDDED_ONLY:
+            raise ValueError(f"bapo.{key}: the verl backend does not use it; {EMBEDDED_ONLY[key]}")
     derived = derived_settings(cfg)
     for item in verl_over:
         key = item.partition("=")[0].lstrip("+")
