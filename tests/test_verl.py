@@ -825,9 +825,11 @@ def test_verl_discovers_our_loss_plugin_on_import():
 
 
 def test_verl_log_probs_without_flash_attn_go_by_chunks_with_verls_numbers():
-    """`import verl` (a fresh interpreter, as a Ray worker) puts our chunked log-probs where verl's per-row loop was;
-    BAPO_VERL_ROW_LOOP_LOGPROBS=1 keeps verl's. Same numbers and gradients, fp32 and bf16, 2-D (verl's FSDP engine:
-    one row per token) and 3-D. Could fail if the patch did not reach verl's dispatcher or changed a value."""
+    """`import verl` in a bapo-vl run's worker (a fresh interpreter with BAPO_VERL_LOSS set, as verl_main's Ray
+    workers) puts our chunked log-probs where verl's per-row loop was; another verl job (no BAPO_VERL_LOSS) keeps
+    verl's, and so does BAPO_VERL_ROW_LOOP_LOGPROBS=1. Same numbers and gradients, fp32 and bf16, 2-D (verl's FSDP
+    engine: one row per token) and 3-D. Could fail if the patch did not reach verl's dispatcher in our workers,
+    reached other jobs, or changed a value."""
     import os
     import subprocess
     import sys
@@ -837,10 +839,12 @@ def test_verl_log_probs_without_flash_attn_go_by_chunks_with_verls_numbers():
     from bapo_vl.backends import verl_loss
 
     code = "import verl, verl.utils.torch_functional as t; print(t.logprobs_from_logits_v2.__module__)"
-    for env, module in (({}, "bapo_vl.backends.verl_loss"), ({"BAPO_VERL_ROW_LOOP_LOGPROBS": "1"},
-                                                              "verl.utils.torch_functional")):
+    ours_env = {verl_loss.ENV: "{}"}
+    for env, module in ((ours_env, "bapo_vl.backends.verl_loss"), ({}, "verl.utils.torch_functional"),
+                        ({**ours_env, "BAPO_VERL_ROW_LOOP_LOGPROBS": "1"}, "verl.utils.torch_functional")):
+        base = {k: v for k, v in os.environ.items() if k not in (verl_loss.ENV, "BAPO_VERL_ROW_LOOP_LOGPROBS")}
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                             env={**os.environ, **env})
+                             env={**base, **env})
         assert out.returncode == 0 and out.stdout.strip() == module, out.stderr[-2000:]
     if tf.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE:
         pytest.skip("flash-attn's kernel is verl's path here")
@@ -849,7 +853,7 @@ def test_verl_log_probs_without_flash_attn_go_by_chunks_with_verls_numbers():
         for shape in ((verl_loss.LOGPROB_ROWS + 37, 263), (3, 50, 263)):
             logits = torch.randn(*shape, generator=gen).to(dtype).requires_grad_()
             labels = torch.randint(0, 263, shape[:-1], generator=gen)
-            ours = tf.logprobs_from_logits(logits, labels)  # verl's dispatcher, as its engine calls it
+            ours = verl_loss.logprobs_by_chunks(logits, labels)
             theirs = verl_loss.verl_row_loop(logits, labels)
             assert ours.dtype == theirs.dtype and torch.equal(ours, theirs)
             g_ours, = torch.autograd.grad(ours.float().sum(), logits)

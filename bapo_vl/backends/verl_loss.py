@@ -12,7 +12,9 @@ It also replaces verl's `logprobs_from_logits_v2`, the log-prob path verl takes 
 kernel is absent (flash-attn is not installed), with the same per-row computation over chunks of rows: verl's
 version loops in Python over the first dimension, which its FSDP engine flattens to one row per token, so a
 micro-batch runs one log_softmax/gather/backward per token (read in verl 0.9.1's source); the time it saves is in
-docs/results.md. BAPO_VERL_ROW_LOOP_LOGPROBS=1 keeps verl's own (the A/B's other arm).
+docs/results.md. The replacement happens only in the processes of a bapo-vl run (where verl_main has set
+BAPO_VERL_LOSS): other verl jobs in the same environment keep verl's function. BAPO_VERL_ROW_LOOP_LOGPROBS=1 keeps
+verl's own in a bapo-vl run too (the A/B's other arm).
 """
 from __future__ import annotations
 
@@ -107,5 +109,7 @@ def logprobs_by_chunks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
 
 
 verl_row_loop = verl_tf.logprobs_from_logits_v2  # verl's own, kept for tests and the A/B benchmark
-if os.environ.get("BAPO_VERL_ROW_LOOP_LOGPROBS") != "1":
+# only in a bapo-vl run's processes (verl_main puts ENV in every Ray worker's environment): another verl job in the
+# same Python environment imports this plugin too and keeps verl's function
+if ENV in os.environ and os.environ.get("BAPO_VERL_ROW_LOOP_LOGPROBS") != "1":
     verl_tf.logprobs_from_logits_v2 = logprobs_by_chunks  # what verl's logprobs_from_logits calls without flash-attn
