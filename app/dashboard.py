@@ -22,6 +22,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
 
@@ -410,8 +411,115 @@ class LoginLimit:
 # ----------------------------------------------------------------------------- the page
 
 
+# ----------------------------------------------------------------------------- layout: one function per tab
+# Each is called inside its gr.Tab and returns its components; `outputs` lists, in order, what its renderer fills.
+
+
+def overview_tab() -> SimpleNamespace:
+    text = gr.Markdown(elem_id="overview-text", elem_classes="summary")
+    with gr.Row():
+        reward = gr.Plot(show_label=False, elem_id="overview-reward")
+        rollouts = gr.Plot(show_label=False, elem_id="overview-rollouts")
+    timing = gr.Plot(show_label=False, elem_id="overview-time")
+    return SimpleNamespace(reward=reward, outputs=[text, reward, rollouts, timing])
+
+
+def health_tab() -> SimpleNamespace:
+    text = gr.Markdown(elem_id="health-text", elem_classes="summary")
+    plots = []
+    for i in range(0, len(views.HEALTH) + 1, 2):
+        with gr.Row():
+            plots += [gr.Plot(show_label=False, elem_id=f"health-{k}")
+                      for k in range(i, min(i + 2, len(views.HEALTH) + 1))]
+    with gr.Row():
+        other = gr.Dropdown([], label="any other recorded metric", elem_id="health-other-pick", scale=1)
+        other_plot = gr.Plot(show_label=False, elem_id="health-other", scale=3)
+    return SimpleNamespace(plots=plots, other=other, other_plot=other_plot,
+                           outputs=[text, *plots, other, other_plot])
+
+
+def batch_tab() -> SimpleNamespace:
+    text = gr.Markdown(elem_id="batch-text", elem_classes="summary")
+    with gr.Row():
+        composition = gr.Plot(show_label=False, elem_id="batch-composition")
+        bins = gr.Plot(show_label=False, elem_id="batch-bins")
+    with gr.Row():
+        buffers = gr.Plot(show_label=False, elem_id="batch-buffers")
+        thresholds = gr.Plot(show_label=False, elem_id="batch-thresholds")
+    return SimpleNamespace(outputs=[text, composition, bins, buffers, thresholds])
+
+
+def ledger_tab() -> SimpleNamespace:
+    text = gr.Markdown(elem_id="ledger-text", elem_classes="summary")
+    curve = gr.Plot(show_label=False, elem_id="ledger-curve")
+    with gr.Row():
+        which = gr.Radio(list(views.LEDGER_FILTERS), value=views.LEDGER_FILTERS[0], label="show",
+                         elem_id="ledger-which", scale=3)
+        note = gr.Markdown(elem_id="ledger-note")
+    table = gr.Dataframe(interactive=False, max_height=320, elem_id="ledger-table",
+                         label="hard prompts (click a row to open it in the drill-down)")
+    return SimpleNamespace(which=which, table=table, outputs=[text, curve, table, note])
+
+
+def bins_tab() -> SimpleNamespace:
+    with gr.Row():
+        mode = gr.Radio(list(BIN_MODES), value=BIN_MODES[0], label="prompts compared", scale=2, elem_id="bins-mode")
+        step_a = gr.Slider(0, 1, value=0, step=1, label="step A", elem_id="step-a")
+        step_b = gr.Slider(0, 1, value=0, step=1, label="step B", elem_id="step-b")
+        cells = gr.Radio(list(views.CELLS), value=views.CELLS[0], label="matrix cells", elem_id="bins-cells", scale=1)
+    text = gr.Markdown(elem_id="bins-text", elem_classes="summary")
+    with gr.Row():
+        hist_a = gr.Plot(show_label=False, elem_id="bins-hist-a")
+        hist_b = gr.Plot(show_label=False, elem_id="bins-hist-b")
+    matrix = gr.Dataframe(interactive=False, label="migration matrix (rows: bin at A, columns: bin at B; "
+                                                   "click a cell to open its prompts)", elem_id="bins-matrix")
+    return SimpleNamespace(mode=mode, step_a=step_a, step_b=step_b, cells=cells, matrix=matrix,
+                           outputs=[step_a, step_b, text, hist_a, hist_b, matrix])
+
+
+def prompt_tab() -> SimpleNamespace:
+    with gr.Row():
+        query = gr.Textbox(label="search by uid or text", scale=2, elem_id="prompt-query")
+        found = gr.Dropdown([], label="prompt", scale=3, elem_id="prompt-pick", allow_custom_value=False)
+    with gr.Row():
+        with gr.Column(scale=3):
+            text = gr.HTML(elem_id="prompt-text")
+        image = gr.Image(visible=False, type="pil", label="image", scale=1, elem_id="prompt-image",
+                         interactive=False, height=200)
+    with gr.Row():
+        history = gr.Plot(show_label=False, elem_id="prompt-history", scale=2)
+        rows = gr.Dataframe(interactive=False, max_height=PLOT_HEIGHT, label="subset per step", elem_id="prompt-rows",
+                            scale=1)
+    samples = gr.Dataframe(interactive=False, max_height=360, wrap=True, label="sampled responses",
+                           elem_id="prompt-samples")
+    return SimpleNamespace(query=query, found=found, outputs=[found, text, image, history, rows, samples])
+
+
+def compare_tab(labels: list[str]) -> SimpleNamespace:
+    with gr.Row():
+        runs = gr.CheckboxGroup(labels, value=labels, label="runs", scale=3, elem_id="compare-runs")
+        metric = gr.Dropdown([views.FRESH_REWARD], value=None, label="metric", elem_id="compare-metric",
+                             allow_custom_value=False, scale=2)
+        x_axis = gr.Radio(list(views.X_AXES), value=views.X_AXES[0], label="x-axis", elem_id="compare-x", scale=2)
+        csv = gr.DownloadButton("CSV of the plotted data", elem_id="compare-csv", scale=1, visible=False)
+    note = gr.Markdown(elem_id="compare-note")
+    plot = gr.Plot(show_label=False, elem_id="compare-plot")
+    solved = gr.Plot(show_label=False, elem_id="compare-solved")
+    table = gr.Dataframe(interactive=False, label="summary", elem_id="compare-table")
+    return SimpleNamespace(runs=runs, metric=metric, x_axis=x_axis, plot=plot, csv=csv,
+                           outputs=[metric, plot, solved, note, table, csv])
+
+
+TAB_LAYOUTS = {TAB_OVERVIEW: overview_tab, TAB_HEALTH: health_tab, TAB_BATCH: batch_tab, TAB_LEDGER: ledger_tab,
+               TAB_BINS: bins_tab, TAB_PROMPT: prompt_tab, TAB_COMPARE: compare_tab}
+
+
+# ----------------------------------------------------------------------------- the whole page and its wiring
+
+
 def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
-    """The dashboard over `runs` (fixed here, never chosen by the browser)."""
+    """The dashboard over `runs` (fixed here, never chosen by the browser): the header, the tabs (their layout
+    functions above) and the events between them."""
     if not runs:
         raise ValueError("the dashboard needs at least one run directory")
     by_label = {r.label: r for r in runs}
@@ -431,96 +539,19 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
         timer = gr.Timer(poll_seconds)
         drill_key = gr.Textbox(elem_id="drill-key", elem_classes="drill-hidden", container=False)
         drill_go = gr.Button("open", elem_id="drill-go", elem_classes="drill-hidden")
+        tab_blocks, ui = {}, {}
         with gr.Tabs(elem_id="tabs") as tabs:
-            with gr.Tab(TAB_TITLES[TAB_OVERVIEW], id=TAB_OVERVIEW, elem_id="tab-overview") as t_overview:
-                ov_text = gr.Markdown(elem_id="overview-text", elem_classes="summary")
-                with gr.Row():
-                    ov_reward = gr.Plot(show_label=False, elem_id="overview-reward")
-                    ov_rollouts = gr.Plot(show_label=False, elem_id="overview-rollouts")
-                ov_time = gr.Plot(show_label=False, elem_id="overview-time")
-            with gr.Tab(TAB_TITLES[TAB_HEALTH], id=TAB_HEALTH, elem_id="tab-health") as t_health:
-                h_text = gr.Markdown(elem_id="health-text", elem_classes="summary")
-                h_plots = []
-                for i in range(0, len(views.HEALTH) + 1, 2):
-                    with gr.Row():
-                        h_plots += [gr.Plot(show_label=False, elem_id=f"health-{k}")
-                                    for k in range(i, min(i + 2, len(views.HEALTH) + 1))]
-                with gr.Row():
-                    h_other = gr.Dropdown([], label="any other recorded metric", elem_id="health-other-pick", scale=1)
-                    h_other_plot = gr.Plot(show_label=False, elem_id="health-other", scale=3)
-            with gr.Tab(TAB_TITLES[TAB_BATCH], id=TAB_BATCH, elem_id="tab-batch") as t_batch:
-                b_text = gr.Markdown(elem_id="batch-text", elem_classes="summary")
-                with gr.Row():
-                    b_comp = gr.Plot(show_label=False, elem_id="batch-composition")
-                    b_bins = gr.Plot(show_label=False, elem_id="batch-bins")
-                with gr.Row():
-                    b_buffers = gr.Plot(show_label=False, elem_id="batch-buffers")
-                    b_thresholds = gr.Plot(show_label=False, elem_id="batch-thresholds")
-            with gr.Tab(TAB_TITLES[TAB_LEDGER], id=TAB_LEDGER, elem_id="tab-ledger") as t_ledger:
-                l_text = gr.Markdown(elem_id="ledger-text", elem_classes="summary")
-                l_curve = gr.Plot(show_label=False, elem_id="ledger-curve")
-                with gr.Row():
-                    l_which = gr.Radio(list(views.LEDGER_FILTERS), value=views.LEDGER_FILTERS[0], label="show",
-                                       elem_id="ledger-which", scale=3)
-                    l_note = gr.Markdown(elem_id="ledger-note")
-                l_table = gr.Dataframe(interactive=False, max_height=320, elem_id="ledger-table",
-                                       label="hard prompts (click a row to open it in the drill-down)")
-            with gr.Tab(TAB_TITLES[TAB_BINS], id=TAB_BINS, elem_id="tab-bins") as t_bins:
-                with gr.Row():
-                    mode = gr.Radio(list(BIN_MODES), value=BIN_MODES[0], label="prompts compared", scale=2,
-                                    elem_id="bins-mode")
-                    step_a = gr.Slider(0, 1, value=0, step=1, label="step A", elem_id="step-a")
-                    step_b = gr.Slider(0, 1, value=0, step=1, label="step B", elem_id="step-b")
-                    cells = gr.Radio(list(views.CELLS), value=views.CELLS[0], label="matrix cells",
-                                     elem_id="bins-cells", scale=1)
-                bins_text = gr.Markdown(elem_id="bins-text", elem_classes="summary")
-                with gr.Row():
-                    hist_a = gr.Plot(show_label=False, elem_id="bins-hist-a")
-                    hist_b = gr.Plot(show_label=False, elem_id="bins-hist-b")
-                matrix = gr.Dataframe(interactive=False, label="migration matrix (rows: bin at A, columns: bin at B; "
-                                                               "click a cell to open its prompts)",
-                                      elem_id="bins-matrix")
-            with gr.Tab(TAB_TITLES[TAB_PROMPT], id=TAB_PROMPT, elem_id="tab-prompt") as t_prompt:
-                with gr.Row():
-                    query = gr.Textbox(label="search by uid or text", scale=2, elem_id="prompt-query")
-                    found = gr.Dropdown([], label="prompt", scale=3, elem_id="prompt-pick", allow_custom_value=False)
-                with gr.Row():
-                    with gr.Column(scale=3):
-                        p_text = gr.HTML(elem_id="prompt-text")
-                    p_image = gr.Image(visible=False, type="pil", label="image", scale=1, elem_id="prompt-image",
-                                       interactive=False, height=200)
-                with gr.Row():
-                    p_plot = gr.Plot(show_label=False, elem_id="prompt-history", scale=2)
-                    p_rows = gr.Dataframe(interactive=False, max_height=PLOT_HEIGHT, label="subset per step",
-                                          elem_id="prompt-rows", scale=1)
-                p_samples = gr.Dataframe(interactive=False, max_height=360, wrap=True, label="sampled responses",
-                                         elem_id="prompt-samples")
-            with gr.Tab(TAB_TITLES[TAB_COMPARE], id=TAB_COMPARE, elem_id="tab-compare") as t_compare:
-                with gr.Row():
-                    c_runs = gr.CheckboxGroup(labels, value=labels, label="runs", scale=3, elem_id="compare-runs")
-                    c_metric = gr.Dropdown([views.FRESH_REWARD], value=None, label="metric", elem_id="compare-metric",
-                                           allow_custom_value=False, scale=2)
-                    c_x = gr.Radio(list(views.X_AXES), value=views.X_AXES[0], label="x-axis", elem_id="compare-x",
-                                   scale=2)
-                    c_csv = gr.DownloadButton("CSV of the plotted data", elem_id="compare-csv", scale=1, visible=False)
-                c_note = gr.Markdown(elem_id="compare-note")
-                c_plot = gr.Plot(show_label=False, elem_id="compare-plot")
-                c_solved = gr.Plot(show_label=False, elem_id="compare-solved")
-                c_table = gr.Dataframe(interactive=False, label="summary", elem_id="compare-table")
+            for tab, layout in TAB_LAYOUTS.items():
+                with gr.Tab(TAB_TITLES[tab], id=tab, elem_id=f"tab-{tab}") as tab_blocks[tab]:
+                    ui[tab] = layout(labels) if tab == TAB_COMPARE else layout()
+        ov, health, ledger, bins, prompt, compare = (ui[t] for t in (TAB_OVERVIEW, TAB_HEALTH, TAB_LEDGER, TAB_BINS,
+                                                                      TAB_PROMPT, TAB_COMPARE))
 
         # ------------------------------------------------------------------------- wiring
-        outputs = {
-            TAB_OVERVIEW: [ov_text, ov_reward, ov_rollouts, ov_time],
-            TAB_HEALTH: [h_text, *h_plots, h_other, h_other_plot],
-            TAB_BATCH: [b_text, b_comp, b_bins, b_buffers, b_thresholds],
-            TAB_LEDGER: [l_text, l_curve, l_table, l_note],
-            TAB_BINS: [step_a, step_b, bins_text, hist_a, hist_b, matrix],
-            TAB_PROMPT: [found, p_text, p_image, p_plot, p_rows, p_samples],
-            TAB_COMPARE: [c_metric, c_plot, c_solved, c_note, c_table, c_csv],
-        }
-        controls = {"run": run_dd, "weight": weight, "which": l_which, "mode": mode, "a": step_a, "b": step_b,
-                    "cells": cells, "uid": found, "query": query, "listed": listed, "compare": c_runs,
-                    "metric": c_metric, "x": c_x, "other": h_other}
+        outputs = {tab: ui[tab].outputs for tab in TAB_LAYOUTS}
+        controls = {"run": run_dd, "weight": weight, "which": ledger.which, "mode": bins.mode, "a": bins.step_a, "b": bins.step_b,
+                    "cells": bins.cells, "uid": prompt.found, "query": prompt.query, "listed": listed,
+                    "compare": compare.runs, "metric": compare.metric, "x": compare.x_axis, "other": health.other}
         names, inputs = list(controls), list(controls.values())
         # one token per tab: setting it re-renders that tab. The timer's event outputs only these States, so an
         # idle tick costs the browser nothing (an event's outputs are redrawn whenever it completes), and a
@@ -589,7 +620,7 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
 
         def pick_from_ledger(table, evt: gr.SelectData):
             uid = str(table.iloc[evt.index[0]]["uid"])
-            return {query: uid, listed: None, found: gr.Dropdown(choices=[(uid, uid)], value=uid),
+            return {prompt.query: uid, listed: None, prompt.found: gr.Dropdown(choices=[(uid, uid)], value=uid),
                     tabs: gr.Tabs(selected=TAB_PROMPT), active: TAB_PROMPT, **bump(TAB_PROMPT)}
 
         def pick_cell(evt: gr.SelectData, *args):  # Gradio passes the event where the signature names it
@@ -607,14 +638,12 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
             run = _run(by_label, c["run"])
             return open_prompts(c, drill(run, key, c["mode"], c["a"], c["b"]))
 
-        tab_blocks = {TAB_OVERVIEW: t_overview, TAB_HEALTH: t_health, TAB_BATCH: t_batch, TAB_LEDGER: t_ledger,
-                      TAB_BINS: t_bins, TAB_PROMPT: t_prompt, TAB_COMPARE: t_compare}
         for tab, block in tab_blocks.items():
             outs = [*outputs[tab], live, shown]
             block.select(opener(tab), inputs, [*outs, active], show_progress="hidden")
             tokens[tab].change(renderer(tab), inputs, outs, show_progress="hidden", trigger_mode="always_last")
         demo.load(renderer(TAB_OVERVIEW), inputs, [*outputs[TAB_OVERVIEW], live, shown])
-        timer.tick(poll, [active, shown, run_dd, c_runs], list(tokens.values()), show_progress="hidden")
+        timer.tick(poll, [active, shown, run_dd, compare.runs], list(tokens.values()), show_progress="hidden")
         # another run, or another smoothing: the tab in view is drawn again in the same round trip (its outputs
         # are a part of all tabs' outputs; the others are left as they are). A slider's `input` fires on every
         # change the user makes, typing in its number box included (not only when it loses focus); a dropdown's
@@ -626,8 +655,8 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
         # a smoothing change redraws only the smoothed charts of the tab in view (Training health: not its text,
         # verdict chart or picker; Batch, ledger, bins, prompt: nothing). `shown` is left alone: a step committed
         # meanwhile still makes the next poll redraw the whole tab
-        smoothed = {TAB_OVERVIEW: {ov_reward}, TAB_HEALTH: {*h_plots[:len(views.HEALTH)], h_other_plot},
-                    TAB_COMPARE: {c_plot, c_csv}}  # the CSV holds the smoothed values too
+        smoothed = {TAB_OVERVIEW: {ov.reward}, TAB_HEALTH: {*health.plots[:len(views.HEALTH)], health.other_plot},
+                    TAB_COMPARE: {compare.plot, compare.csv}}  # the CSV holds the smoothed values too
 
         def resmooth(tab, *args):
             drawn = render(tab, dict(zip(names, args))) if tab in smoothed else {}
@@ -635,24 +664,25 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
 
         weight.input(resmooth, [active, *inputs], [*every, live, shown], trigger_mode="always_last",
                      show_progress="hidden")
-        for comp, tab in ((l_which, TAB_LEDGER), (mode, TAB_BINS), (step_a, TAB_BINS), (step_b, TAB_BINS),
-                          (cells, TAB_BINS), (c_runs, TAB_COMPARE)):
+        for comp, tab in ((ledger.which, TAB_LEDGER), (bins.mode, TAB_BINS), (bins.step_a, TAB_BINS),
+                          (bins.step_b, TAB_BINS), (bins.cells, TAB_BINS), (compare.runs, TAB_COMPARE)):
             comp.input(renderer(tab), inputs, [*outputs[tab], live, shown], trigger_mode="always_last",
                        show_progress="hidden")
-        found.select(renderer(TAB_PROMPT), inputs, [*outputs[TAB_PROMPT], live, shown], trigger_mode="always_last",
+        prompt.found.select(renderer(TAB_PROMPT), inputs, [*outputs[TAB_PROMPT], live, shown], trigger_mode="always_last",
                      show_progress="hidden")
         # the same runs: the metric picker keeps its choices (not sent again)
-        for event in (c_metric.select, c_x.input):
-            event(lambda *args: {**renderer(TAB_COMPARE)(*args), c_metric: gr.skip()}, inputs,
+        for event in (compare.metric.select, compare.x_axis.input):
+            event(lambda *args: {**renderer(TAB_COMPARE)(*args), compare.metric: gr.skip()}, inputs,
                   [*outputs[TAB_COMPARE], live, shown], trigger_mode="always_last", show_progress="hidden")
         # another metric in Training health redraws only its own chart (the picker keeps its choices)
-        h_other.select(lambda *args: render_other(_run(by_label, args[0]), float(args[1] or 0), args[2])[1],
-                      [run_dd, weight, h_other], h_other_plot, trigger_mode="always_last", show_progress="hidden")
+        health.other.select(lambda *args: render_other(_run(by_label, args[0]), float(args[1] or 0), args[2])[1],
+                            [run_dd, weight, health.other], health.other_plot, trigger_mode="always_last", show_progress="hidden")
         prompt_outs = [listed, *outputs[TAB_PROMPT], live, shown]
-        query.submit(search, inputs, prompt_outs)
-        l_table.select(pick_from_ledger, l_table, [query, listed, found, tabs, active, *tokens.values()])
+        prompt.query.submit(search, inputs, prompt_outs)
+        ledger.table.select(pick_from_ledger, ledger.table,
+                            [prompt.query, listed, prompt.found, tabs, active, *tokens.values()])
         drill_outs = [listed, tabs, active, *prompt_outs[1:]]
-        matrix.select(pick_cell, inputs, drill_outs)
+        bins.matrix.select(pick_cell, inputs, drill_outs)
         drill_go.click(pick_bar, [drill_key, *inputs], drill_outs, js="(k, ...rest) => [window.__bapoDrill, ...rest]")
     return demo
 
