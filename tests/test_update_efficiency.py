@@ -181,11 +181,13 @@ def test_a_non_finite_gradient_skips_the_optimizer_step_and_keeps_the_weights(tm
     assert not all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_the_update_attends_without_cudnn_and_leaves_the_setting_as_it_was(tmp_path, monkeypatch):
-    # Could fail if the update's forward/backward could pick cuDNN's attention, whose backward returns NaN query
-    # gradients on H100/H200 for masked lengths 64 mod 128 (pytorch/pytorch#196678: steps 2 and 4 of the 2.0 B VL
-    # shape skipped, docs/results.md), or if the setting leaked into the rest of the process.
-    # CPU cannot run that kernel; what it shows is the backends each real attention call of an update was allowed.
+def test_the_update_attends_without_cudnn_where_it_is_broken_and_leaves_the_setting_as_it_was(tmp_path, monkeypatch):
+    # Could fail if the update's forward/backward could pick cuDNN's attention where its backward returns NaN query
+    # gradients (CUDA, torch >= 2.11: pytorch/pytorch#196678, bapo_vl/workarounds.py), if the workaround applied
+    # where it is not needed, or if the setting leaked into the rest of the process. CPU cannot run that kernel;
+    # what it shows is the backends each real attention call of an update was allowed, with the condition as it
+    # is here (CPU: not broken) and as on an affected GPU (the condition made true).
+    import bapo_vl.workarounds
     from bapo_vl.backends.base import Response, UpdateBatch
 
     backend = make("countdown-tiny", tmp_path, micro_batch_size=2, mini_batch_size=2)
@@ -202,6 +204,10 @@ def test_the_update_attends_without_cudnn_and_leaves_the_setting_as_it_was(tmp_p
     backend.generate(prompts, 2)
     assert allowed and all(cudnn for cudnn, *_ in allowed)  # generation keeps the defaults
     allowed.clear()
+    assert backend.update(batch)["grad_norm"] > 0
+    assert len(allowed) >= 2 * 2 and all(cudnn for cudnn, *_ in allowed)  # on CPU the workaround stays off
+    allowed.clear()
+    monkeypatch.setattr(bapo_vl.workarounds, "cudnn_attention_backward_broken", lambda device: True)
     assert backend.update(batch)["grad_norm"] > 0
     assert len(allowed) >= 2 * 2 and all(not cudnn and flash and efficient for cudnn, flash, efficient in allowed)
     assert torch.backends.cuda.cudnn_sdp_enabled()

@@ -19,7 +19,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
@@ -30,14 +29,11 @@ from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_adva
 from bapo_vl.models import resolve_model
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.problem import Problem
+from bapo_vl.workarounds import update_attention
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "backend.pt"  # what save_checkpoint writes into a checkpoint folder
 LOGIT_ROWS = 512  # response tokens whose full-vocabulary logits are materialised at once (x V floats each)
-# Attention kernels the update may use: all but cuDNN's, whose backward (torch 2.11+, H100/H200) returns NaN query
-# gradients when a mask is given, the length is 64 mod 128 and a row's logits are all very negative (logsumexp
-# < -88.7): pytorch/pytorch#196678 (scripts/gpu/attention_nan_check.py shows it on a card).
-UPDATE_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
 
 ADDITIVE = ("loss", "pg_loss", "kl", "entropy")  # micro-batch terms that add up to the mini-batch's
@@ -270,7 +266,7 @@ class EmbeddedBackend:
     def update(self, batch: UpdateBatch) -> dict:
         self.engine.sleep()  # a colocated engine hands its memory to the update
         try:
-            with sdpa_kernel(UPDATE_ATTENTION):
+            with update_attention(self.device):  # bapo_vl.workarounds: cuDNN's attention backward
                 return self._update(batch)
         finally:
             self.engine.wake()

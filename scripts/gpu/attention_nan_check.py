@@ -1,5 +1,5 @@
 """Does this card's default attention return NaN query gradients, and does the update's kernel choice
-(bapo_vl.backends.embedded.UPDATE_ATTENTION: no cuDNN) avoid it? pytorch/pytorch#196678: cuDNN's SDPA backward
+(bapo_vl.workarounds.NO_CUDNN) avoid it? pytorch/pytorch#196678: cuDNN's SDPA backward
 (torch 2.11+, H100/H200) when a mask is given, the length is 64 mod 128 and a query row's logsumexp is below
 -88.7 (every logit of the row very negative). The case is the issue's own (one head, length 704, a boolean causal
 mask, logits about -120).
@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel
 
-from bapo_vl.backends.embedded import UPDATE_ATTENTION
+from bapo_vl.workarounds import NO_CUDNN as UPDATE_ATTENTION
 
 
 def non_finite_grads(backends, L: int = 704, D: int = 64) -> dict:
