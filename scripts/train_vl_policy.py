@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import random
 import shlex
 import sys
@@ -204,13 +203,6 @@ def accuracy(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64
                          for p, r in zip(enc.problems[:4], responses[:4])]}
 
 
-def lr_at(step: int, total: int, lr: float, warmup: int, min_ratio: float) -> float:
-    if step < warmup:
-        return lr * (step + 1) / warmup
-    t = min(1.0, (step - warmup) / max(1, total - warmup))
-    return lr * (min_ratio + (1 - min_ratio) * 0.5 * (1 + math.cos(math.pi * t)))
-
-
 def build(args):
     from bapo_vl.tiny import build_qwen2_5_vl
 
@@ -233,6 +225,8 @@ def save_policy(model, processor, folder: Path):
 
 
 def main(argv=None):
+    from bapo_vl.optim import lr_factor
+
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", required=True)
     ap.add_argument("--size", choices=list(SIZES), default="geodraw-30m",
@@ -324,7 +318,7 @@ def main(argv=None):
         pos += args.batch
         inputs, y = data.batch(idx, device)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, args.steps, args.lr, args.warmup, args.min_lr_ratio)
+            g["lr"] = args.lr * lr_factor(step + 1, args.steps, "cosine", args.warmup, args.min_lr_ratio)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(**inputs).logits
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
