@@ -605,16 +605,15 @@ RATIO_RESAMPLES = 2_000  # seed resamples of a rollouts-to-target ratio
 METRICS = ("mean@k", "greedy")  # the two measures tested at the budget
 
 
+def entry_rows(result: dict, entry: str, budget: int) -> list[dict]:
+    """An entry's rows at `budget`, by seed."""
+    return sorted((r for r in result["runs"] if r["entry"] == entry and r["budget"] == budget),
+                  key=lambda r: r["seed"])
+
+
 def final_rows(result: dict, entry: str) -> list[dict]:
     """An entry's rows at the common budget, by seed."""
-    budget = result["settings"]["budget"]
-    return sorted((r for r in result["runs"] if r["entry"] == entry and r["budget"] == budget),
-                  key=lambda r: r["seed"])
-
-
-def entry_rows(result: dict, entry: str, budget: int) -> list[dict]:
-    return sorted((r for r in result["runs"] if r["entry"] == entry and r["budget"] == budget),
-                  key=lambda r: r["seed"])
+    return entry_rows(result, entry, result["settings"]["budget"])
 
 
 def accuracy(rows: list[dict], uids: list[str], metric: str = "mean@k") -> np.ndarray:

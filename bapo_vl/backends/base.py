@@ -32,8 +32,8 @@ UPDATE_METRICS: dict[str, str] = {
     "optimizer_steps": "optimizer steps taken on this batch (mini-batches x epochs, less any skipped)",
     "lr": "the learning rate of this step's optimizer steps",
 }
-"""What every backend's `update` returns (python floats; optimizer_steps an int), named as the run record's columns. A backend may return
-more (its own names); these are checked by the contract test."""
+"""What every backend's `update` returns (python floats; optimizer_steps an int), named as the run record's
+columns. A backend may return more (its own names); these are checked by the contract test."""
 
 
 @dataclass(frozen=True)
