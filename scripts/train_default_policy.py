@@ -3,7 +3,8 @@
 `--size countdown-13m` a 13.1 M-parameter one with more room for RL, too large for the wheel: build it
 into a folder outside bapo_vl/ and pass that path as model=. Shape and recipe flags override the size's values.
 
-Supervised fine-tuning (seeded, reproducible for a given device) of a `bapo_vl.tiny.build_qwen2` model on
+Supervised fine-tuning (seeded; --deterministic, on by default, asks torch for deterministic kernels, as CUDA's
+fastest ones make two runs of one command drift apart) of a `bapo_vl.tiny.build_qwen2` model on
 problems made forward by `generate_problems` (tasks/countdown/task.py; no solver), in the compact format:
 
     prompt   (user message "44 19 35 -> 98", chat-rendered)  "44 19 35 -> 98\\n"
@@ -158,6 +159,8 @@ def main(argv=None):
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
+                    help="deterministic kernels (torch.use_deterministic_algorithms, warn-only where an op has none)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="bf16 autocast (default: on for cuda); weights stay fp32")
     ap.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), help="data-generation processes")
@@ -183,6 +186,9 @@ def main(argv=None):
     from bapo_vl.tiny import build_qwen2
 
     t_start = time.time()
+    if args.deterministic:  # before the first CUDA call: cuBLAS reads its workspace setting once
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)

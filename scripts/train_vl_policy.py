@@ -4,7 +4,8 @@ only in the image, four choices A-D). `--size geodraw-tiny` is for tests (a few 
 `--size geodraw-30m` (~32 M parameters) is the start policy for vision-language RL, trained on one GPU into a folder
 outside bapo_vl/ and passed as model=. Shape and recipe flags override the size's values.
 
-Supervised fine-tuning (seeded, reproducible for a given device) on the geodraw train split (`load(split="train",
+Supervised fine-tuning (seeded; --deterministic, on by default, asks torch for deterministic kernels, as CUDA's
+fastest ones make two runs of one command drift apart) on the geodraw train split (`load(split="train",
 n=--problems, seed=--data-seed, image_size=--image-size)`). The prompt is rendered exactly as the embedded backend
 renders it at RL time (EmbeddedBackend.encode: processor.apply_chat_template(messages, add_generation_prompt=True)
 then processor(text, images)); the response is the answer the RL prompt asks for and the choice verifier grades:
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import shlex
 import sys
@@ -64,9 +66,29 @@ def get_task():
     return _get("geodraw")
 
 
-def target_text(letter: str) -> str:
-    """The response trained on (before eos): what the prompt asks for and the choice verifier grades."""
-    return f"<answer>{letter}</answer>"
+TARGETS = ("read", "letter")
+
+
+def written_numbers(spec: dict) -> list[str]:
+    """The numbers written in a geodraw diagram, in drawing order (what a reader of the image must find)."""
+    kind = spec["kind"]
+    if kind == "triangle":
+        return [str(a) for i, a in enumerate(spec["angles"]) if i != spec["x_vertex"]]
+    if kind == "parallel":
+        return [str(spec["written"])]
+    if kind == "circle":
+        return [str(spec["given"])]
+    return [str(spec["w"]), str(spec["h"])]
+
+
+def target_text(problem, target: str = "read") -> str:
+    """The response trained on (before eos): what the prompt asks for and the choice verifier grades. "read" first
+    copies the numbers from the diagram, then the value, then the letter (`40 65 -> 75 <answer>C</answer>`): every
+    digit read is supervised, which a letter alone (two bits an example) hardly teaches a vision tower from scratch."""
+    letter = problem.answer["letter"]
+    if target == "letter":
+        return f"<answer>{letter}</answer>"
+    return f"{' '.join(written_numbers(problem.meta['spec']))} -> {problem.answer['value']} <answer>{letter}</answer>"
 
 
 def prompt_text(processor, problem) -> str:
@@ -88,7 +110,7 @@ class Encoded:
     image-token markers, and pixel values stored as uint8 in the processor's patch layout (exact: the processor
     only rescales and normalises; `pixels(idx)` undoes the storage)."""
 
-    def __init__(self, problems, processor, with_response: bool = True):
+    def __init__(self, problems, processor, with_response: bool = True, target: str = "read"):
         tok = processor.tokenizer
         ip = processor.image_processor
         rows, types, starts, pix, grids = [], [], [], [], []
@@ -99,7 +121,7 @@ class Encoded:
             ids = enc["input_ids"].tolist()
             starts.append(len(ids))
             if with_response:
-                resp = tok(target_text(p.answer["letter"]), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+                resp = tok(target_text(p, target), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
                 ids = ids + resp
             rows.append(ids)
             types.append(enc["mm_token_type_ids"].tolist() if "mm_token_type_ids" in enc else [0] * len(ids))
@@ -115,7 +137,7 @@ class Encoded:
             pix.append(u8)
             grids.append(enc["image_grid_thw"])
             if i < 4 and with_response:  # the response appended to the prompt = the processor on the whole text
-                whole = processor(text=[prompt_text(processor, p) + target_text(p.answer["letter"]) + tok.eos_token],
+                whole = processor(text=[prompt_text(processor, p) + target_text(p, target) + tok.eos_token],
                                   images=p.images, return_tensors="pt")["input_ids"][0].tolist()
                 assert whole == ids, "prompt + response encoding mismatch"
         if len({tuple(g.flatten().tolist()) for g in grids}) != 1:
@@ -157,7 +179,7 @@ class Encoded:
 
 
 @torch.no_grad()
-def greedy_answers(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64, max_new_tokens: int = 32):
+def greedy_answers(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64, max_new_tokens: int = 64):
     """Greedy responses to enc's prompts (left padded, as the backend generates)."""
     tok = processor.tokenizer
     pad, eos = tok.pad_token_id, tok.eos_token_id
@@ -192,12 +214,13 @@ def accuracy(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64
     model.eval()
     responses = greedy_answers(model, processor, enc, device, bf16, batch)
     model.train(was_training)
-    right, by_kind = [], defaultdict(list)
+    right, read, by_kind = [], [], defaultdict(list)
     for p, r in zip(enc.problems, responses):
         ok = task.verify(r, p.answer) == Verdict.CORRECT
         right.append(ok)
+        read.append(r.split(" -> ")[0].split() == written_numbers(p.meta["spec"]))
         by_kind[p.meta["kind"]].append(ok)
-    return {"n": len(right), "acc": sum(right) / max(1, len(right)),
+    return {"n": len(right), "acc": sum(right) / max(1, len(right)), "read": sum(read) / max(1, len(read)),
             "by_kind": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_kind.items())},
             "examples": [{"uid": p.uid, "answer": p.answer["letter"], "response": r}
                          for p, r in zip(enc.problems[:4], responses[:4])]}
@@ -237,6 +260,8 @@ def main(argv=None):
     ap.add_argument("--problems", type=int, help="training problems (geodraw train split, cycled in epochs)")
     for key in SHAPE_KEYS:
         ap.add_argument("--" + key.replace("_", "-"), type=int)
+    ap.add_argument("--target", choices=TARGETS, default="read",
+                    help="response trained on: read (the diagram's numbers, the value, the letter) or letter only")
     ap.add_argument("--image-size", type=int, default=224, help="side of the drawn image, px (max_pixels = its square)")
     ap.add_argument("--lr", type=float)
     ap.add_argument("--min-lr-ratio", type=float, default=0.0)
@@ -245,6 +270,10 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="model init and batch order")
     ap.add_argument("--data-seed", type=int, default=0, help="geodraw train-split seed")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--cpu-threads", type=int, default=8,
+                    help="torch CPU threads (encoding the images; beyond a few they only contend with each other)")
+    ap.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=True,
+                    help="deterministic kernels (torch.use_deterministic_algorithms, warn-only where an op has none)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="bf16 autocast (default: on for cuda); weights stay fp32")
     ap.add_argument("--max-seconds", type=float, default=None,
@@ -262,6 +291,10 @@ def main(argv=None):
             setattr(args, key, value)
 
     t_start = time.time()
+    if args.deterministic:  # before the first CUDA call: cuBLAS reads its workspace setting once
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.set_num_threads(max(1, min(args.cpu_threads, torch.get_num_threads())))
     random.seed(args.seed)
     torch.manual_seed(args.seed)
     device = torch.device(args.device)
@@ -286,9 +319,9 @@ def main(argv=None):
     blank_problems = task.load(split="test", n=args.eval_problems, seed=TEST_SEED, image_size=args.image_size,
                                blank_images=True)
     from bapo_vl.problem import Verdict
-    bad = [p.uid for p in train_problems[:64] if task.verify(target_text(p.answer["letter"]), p.answer) != Verdict.CORRECT]
+    bad = [p.uid for p in train_problems[:64] if task.verify(target_text(p, args.target), p.answer) != Verdict.CORRECT]
     assert not bad, f"the verifier does not grade the target correct: {bad}"
-    data = Encoded(train_problems, processor)
+    data = Encoded(train_problems, processor, target=args.target)
     test = Encoded(test_problems, processor, with_response=False)
     print(f"problems {len(data)} train, {len(test)} test (encoded in {time.time() - t_start:.1f}s), "
           f"width {data.ids.shape[1]}, image {args.image_size}px = {int(data.grid.prod()) // 4} image tokens, "
@@ -334,8 +367,8 @@ def main(argv=None):
             line = f"step {steps_done}/{args.steps} loss {lv:.4f} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s"
             if args.eval_every and (steps_done % args.eval_every == 0 or steps_done == args.steps):
                 r = accuracy(model, processor, during, device, bf16, eval_batch)
-                curve.append({"step": steps_done, f"greedy_acc_{EVAL_DURING}": r["acc"]})
-                line += f" greedy@{EVAL_DURING} {r['acc']:.3f}"
+                curve.append({"step": steps_done, f"greedy_acc_{EVAL_DURING}": r["acc"], "numbers_read": r["read"]})
+                line += f" greedy@{EVAL_DURING} {r['acc']:.3f} read {r['read']:.3f}"
             print(line, flush=True)
         if steps_done in save_at:
             folder = out / f"step_{steps_done}"
@@ -357,7 +390,8 @@ def main(argv=None):
     blank = accuracy(model, processor, Encoded(blank_problems, processor, with_response=False), device, bf16,
                      eval_batch)
     eval_s = time.time() - t_eval
-    print(f"test greedy acc {result['acc']:.3f} {result['by_kind']}; blank images {blank['acc']:.3f} "
+    print(f"test greedy acc {result['acc']:.3f} {result['by_kind']}, numbers read {result['read']:.3f}; "
+          f"blank images {blank['acc']:.3f} "
           f"({eval_s:.0f}s)", flush=True)
 
     command = "PYTHONPATH=. python scripts/train_vl_policy.py " + " ".join(shlex.quote(a) for a in (
@@ -369,7 +403,7 @@ def main(argv=None):
         "max_seconds": args.max_seconds, "batch": args.batch, "problems": len(data),
         "epochs": round(steps_done * args.batch / len(data), 2), "image_size": args.image_size,
         "max_pixels": args.image_size ** 2, "image_tokens": int(data.grid.prod()) // 4,
-        "target": target_text("X") + processor.tokenizer.eos_token,
+        "target": args.target, "target_example": target_text(train_problems[0], args.target) + processor.tokenizer.eos_token,
         "shape": {k: getattr(args, k) for k in SHAPE_KEYS} | {"vocab": len(processor.tokenizer)},
         "params": n_params, "vision_params": n_vision, "lr": args.lr, "warmup": args.warmup,
         "min_lr_ratio": args.min_lr_ratio, "weight_decay": args.weight_decay,
@@ -378,7 +412,8 @@ def main(argv=None):
         "train_seconds": round(train_s, 1), "eval_seconds": round(eval_s, 1), "final_loss": round(final_loss, 5),
         "loss_log": log, "eval_curve": curve, "snapshots": snapshots,
         "eval": {"split": "test", "seed": TEST_SEED, "n": result["n"], "greedy_acc": result["acc"],
-                 "greedy_acc_by_kind": result["by_kind"], "blank_images_greedy_acc": blank["acc"],
+                 "greedy_acc_by_kind": result["by_kind"], "numbers_read": result["read"],
+                 "blank_images_greedy_acc": blank["acc"],
                  "blank_images_by_kind": blank["by_kind"], "examples": result["examples"]},
     }
     (out / "training.json").write_text(json.dumps(meta, indent=1))
@@ -398,7 +433,7 @@ def training_md(m: dict, size: int) -> str:
         "trained from scratch (SFT) on the geodraw train split (`tasks/geodraw/task.py`: drawn geometry diagrams, "
         "the numbers only in the image, four choices). Prompt: the task's messages rendered as the embedded backend "
         f"renders them (image of {m['image_size']} px = {m['image_tokens']} image tokens); response "
-        f"`{m['target']}` (graded by `bapo_vl.verifiers.choice`). Use with max_pixels={m['max_pixels']} or more.",
+        f"`{m['target_example']}` (--target {m['target']}; graded by `bapo_vl.verifiers.choice`). Use with max_pixels={m['max_pixels']} or more.",
         "",
         "```",
         m["command"],
@@ -421,6 +456,7 @@ def training_md(m: dict, size: int) -> str:
         f"- diagrams: {e['greedy_acc']:.1%} (" + ", ".join(f"{k} {v:.1%}" for k, v in e["greedy_acc_by_kind"].items())
         + ")",
         f"- blank images (the same problems, image-blind control; chance 25 %): {e['blank_images_greedy_acc']:.1%}",
+        f"- responses whose numbers are exactly those written in the diagram: {e['numbers_read']:.1%}",
     ]
     if m["eval_curve"]:
         lines += ["", f"During training (first {EVAL_DURING} test problems): " + ", ".join(

@@ -3,6 +3,7 @@ RL trainer loads, with the prompts encoded exactly as the embedded backend encod
 import importlib.util
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -57,10 +58,32 @@ def test_target_is_graded_correct():
     from bapo_vl.problem import Verdict
 
     task = script.get_task()
-    for p in task.load(split="train", limit=8, image_size=SIDE):
-        assert task.verify(script.target_text(p.answer["letter"]), p.answer) == Verdict.CORRECT
-        wrong = next(x for x in "ABCD" if x != p.answer["letter"])
-        assert task.verify(script.target_text(wrong), p.answer) != Verdict.CORRECT
+    for p in task.load(split="train", limit=16, image_size=SIDE):
+        for target in script.TARGETS:
+            assert task.verify(script.target_text(p, target), p.answer) == Verdict.CORRECT
+            wrong = next(x for x in "ABCD" if x != p.answer["letter"])
+            other = replace(p, answer={**p.answer, "letter": wrong})
+            assert task.verify(script.target_text(other, target), p.answer) != Verdict.CORRECT
+
+
+def test_read_target_copies_the_numbers_drawn():
+    # Could fail if the "read" response named numbers that are not the ones written in the image (the triangle's
+    # x vertex included, or a circle's derived value instead of the written one).
+    task = script.get_task()
+    seen = set()
+    for p in task.load(split="train", limit=64, image_size=SIDE):
+        spec, kind = p.meta["spec"], p.meta["kind"]
+        numbers = script.written_numbers(spec)
+        seen.add(kind)
+        if kind == "triangle":
+            assert sorted(map(int, numbers)) == sorted(spec["key"][2:]) and len(numbers) == 2
+            assert sum(map(int, numbers)) + spec["answer"] == 180
+        elif kind == "rectangle":
+            assert numbers == [str(spec["w"]), str(spec["h"])]
+        else:
+            assert len(numbers) == 1
+        text = script.target_text(p, "read")
+        assert text.startswith(" ".join(numbers) + " -> " + p.answer["value"] + " ")
 
 
 def test_prompts_are_what_the_embedded_backend_encodes(trained):
@@ -86,7 +109,7 @@ def test_prompts_are_what_the_embedded_backend_encodes(trained):
         assert enc.types[i, :s].tolist() == ref["mm_token_type_ids"].tolist()
         assert torch.equal(enc.grid, ref["image_grid_thw"])
         assert torch.allclose(enc.pixels(torch.tensor([i]), "cpu"), ref["pixel_values"], atol=1e-5)
-        # the labels are exactly the response: <answer>X</answer><|im_end|>
+        # the labels are exactly the response: the numbers read, the value, <answer>X</answer><|im_end|>
         resp = enc.labels[i][enc.labels[i] != -100]
-        assert processor.tokenizer.decode(resp) == f"<answer>{p.answer['letter']}</answer><|im_end|>"
+        assert processor.tokenizer.decode(resp) == script.target_text(p) + "<|im_end|>"
         assert (enc.labels[i, :s] == -100).all()
