@@ -825,12 +825,10 @@ def test_verl_discovers_our_loss_plugin_on_import():
 
 
 def test_verl_log_probs_without_flash_attn_go_by_chunks_with_verls_numbers():
-    """`import verl` in a bapo-vl run's worker (a fresh interpreter with BAPO_VERL_LOSS set, as verl_main's Ray
-    workers) puts our chunked log-probs where verl's per-row loop was; another verl job (no BAPO_VERL_LOSS) keeps
-    verl's, and so does BAPO_VERL_ROW_LOOP_LOGPROBS=1. Same numbers and gradients, fp32 and bf16, 2-D (verl's FSDP
-    engine: one row per token) and 3-D. Could fail if the patch did not reach verl's dispatcher in our workers,
-    reached other jobs, or changed a value."""
-    import os
+    """bapo-vl's verl worker puts our chunked log-probs where verl's per-row loop was as it starts (before verl's own
+    set-up, which may fail here without a GPU), while `import verl` alone (any verl job: our plugin is imported
+    everywhere) keeps verl's. Same numbers and gradients, fp32 and bf16, 2-D (verl's FSDP engine: one row per token)
+    and 3-D. Could fail if the worker did not reach verl's dispatcher, importing the plugin did, or a value changed."""
     import subprocess
     import sys
 
@@ -838,14 +836,14 @@ def test_verl_log_probs_without_flash_attn_go_by_chunks_with_verls_numbers():
 
     from bapo_vl.backends import verl_loss
 
-    code = "import verl, verl.utils.torch_functional as t; print(t.logprobs_from_logits_v2.__module__)"
-    ours_env = {verl_loss.ENV: "{}"}
-    for env, module in ((ours_env, "bapo_vl.backends.verl_loss"), ({}, "verl.utils.torch_functional"),
-                        ({**ours_env, "BAPO_VERL_ROW_LOOP_LOGPROBS": "1"}, "verl.utils.torch_functional")):
-        base = {k: v for k, v in os.environ.items() if k not in (verl_loss.ENV, "BAPO_VERL_ROW_LOOP_LOGPROBS")}
-        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                             env={**base, **env})
-        assert out.returncode == 0 and out.stdout.strip() == module, out.stderr[-2000:]
+    show = "import verl.utils.torch_functional as t; print(t.logprobs_from_logits_v2.__module__)"
+    plain = "import verl, bapo_vl.backends.verl_loss\n" + show
+    worker = ("from bapo_vl.backends.verl_workers import ActorWorker\n"
+              "try:\n    ActorWorker.__init__(object.__new__(ActorWorker), config=None, role='actor')\n"
+              "except Exception:\n    pass\n" + show)
+    for code, module in ((plain, "verl.utils.torch_functional"), (worker, "bapo_vl.backends.verl_loss")):
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0 and out.stdout.strip().splitlines()[-1] == module, out.stderr[-2000:]
     if tf.FLAH_ATTN_CROSS_ENTROPY_LOSS_AVAILABLE:
         pytest.skip("flash-attn's kernel is verl's path here")
     gen = torch.Generator().manual_seed(0)
@@ -865,7 +863,7 @@ def test_verl_log_probs_without_flash_attn_go_by_chunks_with_verls_numbers():
                                         ("ppo_clip", ["bapo.clip_high=0.28", "bapo.loss_agg=seq-mean-token-mean"]),
                                         ("gspo", ["bapo.loss_agg=seq-mean-token-mean"]),
                                         ("balanced_clip", ["bapo.bac_target=0.6", "bapo.bac_clip_low_range=[0.5,0.9]"])])
-def test_verl_actor_computes_our_loss(loss, extra, monkeypatch):
+def test_verl_actor_computes_our_loss(loss, extra):
     """The policy loss verl's actor computes from the derived config equals ours on the same tensors."""
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.utils.config import omega_conf_to_dataclass
@@ -875,8 +873,10 @@ def test_verl_actor_computes_our_loss(loss, extra, monkeypatch):
     from bapo_vl.losses import aggregate, get_policy_loss
 
     cfg, vcfg = load_configs(str(ROOT / "bapo_vl" / "presets" / "verl_math.yaml"), [f"bapo.loss={loss}", *extra])
-    monkeypatch.setenv(verl_loss.ENV, verl_loss.env_value(cfg))
-    actor = omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor)
+    actor = omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor)  # as verl's worker builds it
+    if loss == "balanced_clip":  # its settings travel in verl's config, to the loss function
+        assert isinstance(actor.policy_loss, verl_loss.BalancedClipLossConfig)
+        assert actor.policy_loss.bac_target == 0.6 and tuple(actor.policy_loss.bac_clip_low_range) == (0.5, 0.9)
     gen = torch.Generator().manual_seed(0)
     old = -torch.rand(6, 9, generator=gen, dtype=torch.float64) * 3
     logp = old + torch.randn(6, 9, generator=gen, dtype=torch.float64) * 0.6

@@ -4,36 +4,49 @@
 `balanced_clip` has no verl counterpart: this module registers it with verl's policy-loss registry as
 `bapo_balanced_clip`. verl 0.9.1 imports every `verl.plugins` entry point on `import verl`, in every process, Ray
 workers included; pyproject.toml declares this module as one, so the registration happens wherever verl runs.
+Registering is all that importing this module does.
 
-verl's ActorConfig is a closed dataclass, so balanced_clip's own settings (ranges, target, step, dual clip) travel
-in the environment variable BAPO_VERL_LOSS (JSON), which verl_main puts in Ray's runtime_env for all workers.
+balanced_clip's own settings (ranges, target, step, dual clip) travel in verl's config: `actor_settings` points
+`policy_loss._target_` at `BalancedClipLossConfig`, verl's PolicyLossConfig with those fields, which verl's workers
+build like any of its configs and hand to the loss function.
 
-It also replaces verl's `logprobs_from_logits_v2`, the log-prob path verl takes when flash-attn's cross-entropy
-kernel is absent (flash-attn is not installed), with the same per-row computation over chunks of rows: verl's
-version loops in Python over the first dimension, which its FSDP engine flattens to one row per token, so a
-micro-batch runs one log_softmax/gather/backward per token (read in verl 0.9.1's source); the time it saves is in
-docs/results.md. The replacement happens only in the processes of a bapo-vl run (where verl_main has set
-BAPO_VERL_LOSS): other verl jobs in the same environment keep verl's function. BAPO_VERL_ROW_LOOP_LOGPROBS=1 keeps
-verl's own in a bapo-vl run too (the A/B's other arm).
+`logprobs_by_chunks` is verl's `logprobs_from_logits_v2` (the log-prob path verl takes when flash-attn's
+cross-entropy kernel is absent; flash-attn is not installed) over chunks of rows: verl's version loops in Python
+over the first dimension, which its FSDP engine flattens to one row per token, so a micro-batch runs one
+log_softmax/gather/backward per token (read in verl 0.9.1's source); the time it saves is in docs/results.md.
+`use_chunked_logprobs` puts it in place; bapo-vl's own verl worker (`verl_workers.ActorWorker`) calls it when it
+starts, so only the processes of a bapo-vl run use it and other verl jobs keep verl's function.
 """
 from __future__ import annotations
 
-import json
-import os
+from dataclasses import dataclass
 
 import torch
 import verl.utils.torch_functional as verl_tf
 from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
+from verl.workers.config import PolicyLossConfig
 
 from bapo_vl.losses import LossConfig, all_reduce_sum, balanced_clip_loss
 
-ENV = "BAPO_VERL_LOSS"
 LOGPROB_ROWS = 2048  # rows per log_softmax: bounds the transient (rows, vocab) tensor
 VERL_LOSS_MODE = {"ppo_clip": "vanilla", "gspo": "gspo", "balanced_clip": "bapo_balanced_clip"}
 # verl's own scheduler (per update_actor call, i.e. per training step) warms up from 0 at the first step, one step
 # behind ours (bapo_vl.optim.lr_factor), and has no linear decay
 VERL_LR_SCHEDULES = {"constant": "constant", "cosine": "cosine"}
 NO_DUAL_CLIP = 1e9  # verl's vanilla loss always dual-clips (clip_ratio_c > 1 required); this turns it off
+BALANCED_CLIP_FIELDS = ("bac_clip_low_range", "bac_clip_high_range", "bac_target", "bac_step", "bac_dual_clip")
+
+
+@dataclass
+class BalancedClipLossConfig(PolicyLossConfig):
+    """verl's policy-loss config plus balanced_clip's settings (bapo_vl.losses.LossConfig's fields of that name;
+    actor_settings always sets them from our Config)."""
+
+    bac_clip_low_range: tuple = (0.6, 0.9)
+    bac_clip_high_range: tuple = (1.2, 3.0)
+    bac_target: float = 0.5
+    bac_step: float = 0.05
+    bac_dual_clip: float = 3.0
 
 
 def actor_settings(cfg) -> dict[str, tuple[str, object]]:
@@ -44,7 +57,7 @@ def actor_settings(cfg) -> dict[str, tuple[str, object]]:
     if cfg.lr_schedule not in VERL_LR_SCHEDULES:
         raise ValueError(f"lr_schedule={cfg.lr_schedule!r} has no verl counterpart; on verl use one of "
                          f"{', '.join(VERL_LR_SCHEDULES)}")
-    return {
+    settings = {
         "policy_loss.loss_mode": ("loss", VERL_LOSS_MODE[cfg.loss]),
         "clip_ratio_low": ("clip_low", cfg.clip_low),
         "clip_ratio_high": ("clip_high", cfg.clip_high),
@@ -64,13 +77,12 @@ def actor_settings(cfg) -> dict[str, tuple[str, object]]:
         "optim.min_lr_ratio": ("min_lr_ratio", cfg.min_lr_ratio),
         "optim.weight_decay": ("weight_decay", cfg.weight_decay),
     }
-
-
-def env_value(cfg) -> str:
-    """BAPO_VERL_LOSS for the workers: the balanced_clip settings of cfg."""
-    lc = cfg.loss_config()
-    return json.dumps({k: getattr(lc, k) for k in ("bac_clip_low_range", "bac_clip_high_range", "bac_target",
-                                                   "bac_step", "bac_dual_clip")})
+    if cfg.loss == "balanced_clip":
+        lc = cfg.loss_config()
+        settings["policy_loss._target_"] = ("loss", f"{__name__}.{BalancedClipLossConfig.__name__}")
+        settings |= {f"policy_loss.{k}": (k, list(v) if isinstance(v, tuple) else v)
+                     for k in BALANCED_CLIP_FIELDS for v in [getattr(lc, k)]}
+    return settings
 
 
 def _dp_reduce():
@@ -84,8 +96,14 @@ def _dp_reduce():
 @register_policy_loss("bapo_balanced_clip")
 def compute_policy_loss_balanced_clip(old_log_prob, log_prob, advantages, response_mask, loss_agg_mode="token-mean",
                                       config=None, rollout_is_weights=None):
-    """verl's policy-loss signature over bapo_vl.losses.balanced_clip_loss, aggregated by verl's agg_loss."""
-    settings = json.loads(os.environ.get(ENV) or "{}")
+    """verl's policy-loss signature over bapo_vl.losses.balanced_clip_loss, aggregated by verl's agg_loss; its
+    settings come from the actor config's policy_loss (a BalancedClipLossConfig)."""
+    policy_loss = getattr(config, "policy_loss", None)
+    if not isinstance(policy_loss, BalancedClipLossConfig):
+        raise ValueError(f"loss mode bapo_balanced_clip needs actor_rollout_ref.actor.policy_loss._target_="
+                         f"{__name__}.{BalancedClipLossConfig.__name__} (bapo-vl's verl launcher sets it)")
+    settings = {k: getattr(policy_loss, k) for k in BALANCED_CLIP_FIELDS}
+    settings = {k: tuple(v) if k.endswith("_range") else v for k, v in settings.items()}
     cfg = LossConfig(name="balanced_clip", bac_reduce=_dp_reduce(), **settings)
     losses, metrics = balanced_clip_loss(log_prob, old_log_prob, advantages, response_mask, cfg)
     if rollout_is_weights is not None:
@@ -108,8 +126,10 @@ def logprobs_by_chunks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return torch.cat(out) if out else logits.new_zeros(labels.shape)
 
 
-verl_row_loop = verl_tf.logprobs_from_logits_v2  # verl's own, kept for tests and the A/B benchmark
-# only in a bapo-vl run's processes (verl_main puts ENV in every Ray worker's environment): another verl job in the
-# same Python environment imports this plugin too and keeps verl's function
-if ENV in os.environ and os.environ.get("BAPO_VERL_ROW_LOOP_LOGPROBS") != "1":
-    verl_tf.logprobs_from_logits_v2 = logprobs_by_chunks  # what verl's logprobs_from_logits calls without flash-attn
+verl_row_loop = verl_tf.logprobs_from_logits_v2  # verl's own (the tests compare against it)
+
+
+def use_chunked_logprobs():
+    """Put logprobs_by_chunks where verl's logprobs_from_logits looks for the path without flash-attn, in this
+    process (bapo-vl's verl worker calls it as it starts)."""
+    verl_tf.logprobs_from_logits_v2 = logprobs_by_chunks

@@ -120,19 +120,20 @@ def derived_settings(cfg) -> dict[str, tuple[str, object]]:
 
 def build_verl_workers(vcfg):
     """The real workers, from inside the Ray task runner: returns (RayPPOTrainer, kwargs for VerlBackend).
-    The actor-rollout worker is verl's DetachActorWorker (save/restore_model_to_cpu) for the stale-alpha snapshot."""
-    from verl.experimental.separation.engine_workers import DetachActorWorker
+    The actor-rollout worker is bapo_vl.backends.verl_workers.ActorWorker (verl's DetachActorWorker)."""
     from verl.trainer.main_ppo_v0 import TaskRunner
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
     from verl.trainer.ppo.utils import Role
     from verl.utils.config import omega_conf_to_dataclass
+
+    from bapo_vl.backends.verl_workers import ActorWorker
 
     runner = TaskRunner.__ray_actor_class__()  # its helpers, run in this process
     _, group_cls = runner.add_actor_rollout_worker(vcfg)
     import ray
     for role in list(runner.role_worker_mapping):
         if role in (Role.ActorRollout, Role.ActorRolloutRef):
-            runner.role_worker_mapping[role] = ray.remote(DetachActorWorker)
+            runner.role_worker_mapping[role] = ray.remote(ActorWorker)
     runner.add_ref_policy_worker(vcfg, runner.role_worker_mapping.get(Role.ActorRollout))
     model_config = omega_conf_to_dataclass(vcfg.actor_rollout_ref.model)
     # verl's own dataloaders are never iterated (our PromptSampler feeds the Trainer): placeholders of the right
@@ -216,11 +217,8 @@ def main(argv=None):
     import ray
     from verl.trainer.main_ppo import run_ppo  # noqa: F401  (ray runtime env helpers live with it)
 
-    from bapo_vl.backends import verl_loss
-
     if not ray.is_initialized():
-        ray.init(address=os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": {
-            "TOKENIZERS_PARALLELISM": "true", verl_loss.ENV: verl_loss.env_value(cfg)}})
+        ray.init(address=os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})
     ray.get(ray.remote(num_cpus=1)(run).remote(cfg, vcfg))
 
 

@@ -158,8 +158,7 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
         "vllm_mode": "eager" if str(verl["actor_rollout_ref.rollout.enforce_eager"]).lower() == "true" else "cuda graphs"}
     result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), rc=rc, wall_s=time.time() - t0,
                   **mode,
-                  steps=steps, overrides=extra + [f"env {k}={v}" for k, v in sorted(os.environ.items())
-                                                  if k.startswith("BAPO_")],
+                  steps=steps, overrides=extra,
                   **steps_summary(run_dir / name / "run.db"))
     _write(out, result)
     if not keep_weights:  # a 2 B model's checkpoints (fp32 + AdamW) are tens of GB: a few runs fill a GPU machine's disk
@@ -202,8 +201,8 @@ def card_model(row: dict) -> str:
 
 
 def settings(row: dict) -> list[str]:
-    """The overrides that change the work of a step (the rollout engine, micro-batching, verl's own settings and
-    BAPO_* environment switches change only how it is done)."""
+    """The overrides that change the work of a step (the rollout engine, micro-batching, verl's own settings and the
+    "env ..." switches recorded in older files change only how it is done)."""
     return [o for o in row.get("overrides") or [] if not o.startswith(("rollout_engine=", "micro_batch_size=", "verl.", "env "))]
 
 
