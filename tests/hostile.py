@@ -300,15 +300,26 @@ def _rational(rng: random.Random) -> Fraction:
     return Fraction(rng.randint(-3 * q, 10 * q), q) or Fraction(1, q)
 
 
-def _near(rng: random.Random, g: Fraction) -> Fraction:
-    """A rational different from g, near it (off by one, a sign, a tiny amount, a factor of ten...)."""
+DECIMAL_REL_TOL = Fraction(1, 10**6)  # the math verifier's documented tolerance where the gold is a decimal ("2.5")
+
+
+def within_decimal_tolerance(w: Fraction, g: Fraction, gold_text: str) -> bool:
+    """Is w right for the gold g written gold_text under that rule (a decimal gold: relative 1e-6, else exact)?"""
+    if "." not in gold_text:
+        return w == g
+    return abs(w - g) <= DECIMAL_REL_TOL * max(abs(w), abs(g))
+
+
+def _near(rng: random.Random, g: Fraction, gold_text: str = "") -> Fraction:
+    """A rational different from g, near it (off by one, a sign, a tiny amount, a factor of ten...), and outside
+    the tolerance of a decimal gold_text."""
     while True:
         k = rng.randint(1, 15)
         w = rng.choice([g + 1, g - 1, g + 2, g - 10, 2 * g, -g, g * 10, g / 10, g + Fraction(1, 10**k),
                         g - Fraction(1, 10**k), g + Fraction(1, g.denominator + 1), g * 100, g / 100,
                         g + Fraction(1, 2), Fraction(g.numerator + 1, g.denominator),
                         Fraction(g.numerator, g.denominator + 1)])
-        if w != g:
+        if not within_decimal_tolerance(w, g, gold_text or "0"):
             return w
 
 
@@ -362,8 +373,9 @@ def _hedges(g: str, w: str, d: str) -> list[tuple[str, str]]:
 
 def _changed_gold(g: Fraction, gt: str) -> list[tuple[str, str]]:
     """The gold with something that changes its value (each kept only where the new value differs)."""
-    changed = [f"{gt}+i", f"{gt}+x", f"{gt}x" if g else f"{gt}+x^2", f"{gt}+\\frac{{1}}{{10^{{12}}}}",
-               f"{gt} - 10^{{-15}}", f"{gt} + 0.000000000001"]
+    changed = [f"{gt}+i", f"{gt}+x", f"{gt}x" if g else f"{gt}+x^2"]
+    if "." not in gt:  # within a decimal gold's tolerance these are right
+        changed += [f"{gt}+\\frac{{1}}{{10^{{12}}}}", f"{gt} - 10^{{-15}}", f"{gt} + 0.000000000001"]
     if g not in (0, 1, -1):  # (-1^2 = -1)
         changed += [f"{gt}^2", f"({gt})^{{2}}", f"{gt}²", f"{gt} \\text{{ squared}}", f"({gt})^{{-1}}", f"({gt})^3",
                     f"{gt}³", f"{gt} \\text{{ cubed}}"]
@@ -401,7 +413,7 @@ def _pathological(rng: random.Random, w: str) -> list[tuple[str, str]]:
 
 def _math_rational(rng: random.Random, g: Fraction, gt: str) -> list[Case]:
     """Cases for a rational gold g written gt."""
-    w = _near(rng, g)
+    w = _near(rng, g, gt)
     ws, gs = _forms(rng, w), _forms(rng, g)
     cases = [Case(_envelope(rng, ws, gt), gt, "wrong", "near-value"),
              Case(_envelope(rng, gs, gt), gt, "right", "control")]

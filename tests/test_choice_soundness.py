@@ -1,7 +1,9 @@
 """Soundness of the choice verifier (Geometry3K): constructed-wrong answers must not be CORRECT.
 
-Three false-positive patterns found by fuzzing, each with a regression test, then a fuzz test over real problems
-(Geometry3K's val split where the dataset is present, else the bundled fixtures): 0 false positives, 0 exceptions.
+Three false-positive patterns found by fuzzing, each with a regression test; the cases found in review (mixed numbers,
+relation chains, boxes in boxes, decimals with a degree sign); then a fuzz test over real problems (Geometry3K's val
+split where the dataset is present, else the bundled fixtures): 0 false positives, 0 exceptions. The seeded fuzz of
+these families against exact fractions is tests/test_choice_fuzz.py.
 """
 import time
 from pathlib import Path
@@ -123,6 +125,115 @@ def test_unit_words_are_dropped(unit):
     assert _raw(f"<answer>x = 15 {unit}</answer>", "15") is Verdict.CORRECT
 
 
+# --- 5. mixed numbers, relation chains, nested boxes, decimals with a degree sign ------------------
+
+# test problem 2885 as the data set has it: its precise_value reads the mixed numbers as products (4 * 4/11)
+P2885 = {"letter": "B", "value": "4 \\frac { 4 } { 11 }",
+         "choices": ["1 \\frac { 5 } { 6 }", "4 \\frac { 4 } { 11 }", "3", "14 \\frac { 2 } { 3 }"],
+         "precise_values": [0.8333333333333334, 1.4545454545454546, 3.0, 9.333333333333332]}
+
+
+def test_mixed_number_choices_are_read_from_their_text_not_the_precise_values():
+    assert choice.choice_values(P2885["choices"], P2885["precise_values"]) == \
+        pytest.approx([11 / 6, 48 / 11, 3, 44 / 3], rel=1e-12)
+    value_only = P2885["value"]
+    for r in ("\\boxed{\\frac{48}{11}}", "<answer>4\\frac{4}{11}</answer>", "<answer>4 4/11</answer>",
+              "<answer>4.36</answer>", "<answer>SR = \\dfrac{48}{11}</answer>", "<answer>B</answer>"):
+        assert _raw(r, P2885) is Verdict.CORRECT, r
+        if "B<" not in r:
+            assert _raw(r, value_only) is Verdict.CORRECT, r
+    for r in ("\\boxed{\\frac{16}{11}}", "<answer>1.45</answer>", "<answer>1.4545</answer>", "\\boxed{\\frac{5}{6}}",
+              "\\boxed{\\frac{28}{3}}", "<answer>9.33</answer>", "<answer>4 \\cdot \\frac{4}{11}</answer>"):
+        assert _raw(r, P2885) in NOT_CORRECT, r
+        assert _raw(r, value_only) in NOT_CORRECT, r
+
+
+@pytest.mark.parametrize("text,value", [
+    ("2\\frac{1}{2}", 2.5), ("7\\frac{1}{2}", 7.5), ("2 1/2", 2.5), ("-2\\frac{1}{2}", -2.5), ("- 2 1/2", -2.5),
+    ("3\\dfrac{3}{4}", 3.75), ("4 \\frac { 4 } { 11 }", 48 / 11), ("(2\\frac{1}{2})", 2.5), ("1 + 2\\frac{1}{2}", 3.5),
+    ("7\\frac{1}{2}^\\circ", 7.5), ("2\\frac{1}{2}\\pi", 2.5 * 3.141592653589793),
+    ("2\\frac{\\sqrt{3}}{2}", 3 ** 0.5), ("2 \\cdot \\frac{1}{2}", 1.0), ("2 \\sqrt { 3 }", 2 * 3 ** 0.5),  # products
+    ("2\\frac{3}{2}", None), ("\\sqrt 2 \\frac{1}{2}", None), ("10^2\\frac{1}{2}", None),  # unclear: no number
+    ("1.5\\frac{1}{2}", None), ("2\\frac{1}{0}", None),
+])
+def test_mixed_numbers_are_sums(text, value):
+    assert parse_number(text) == (None if value is None else pytest.approx(value, rel=1e-12))
+
+
+def test_mixed_numbers_in_responses():
+    halves = {"letter": "B", "value": "2.5", "choices": ["1", "2.5", "4", "7.5"]}
+    for r in ("\\boxed{2\\frac{1}{2}}", "<answer>2 1/2</answer>", "<answer>x = 2\\frac{1}{2} cm</answer>"):
+        assert _raw(r, halves) is Verdict.CORRECT, r
+        assert _raw(r, {**halves, "letter": "A", "value": "1"}) is Verdict.WRONG, r  # not the product 2 * 1/2
+        assert _raw(r, "2.5") is Verdict.CORRECT and _raw(r, "1") is Verdict.WRONG, r
+    assert _raw("\\boxed{7\\frac{1}{2}}", "7.5") is Verdict.CORRECT
+    assert _raw("\\boxed{7\\frac{1}{2}}", {**halves, "letter": "D", "value": "7.5"}) is Verdict.CORRECT
+    assert _raw("\\boxed{7\\frac{1}{2}}", "3.5") is Verdict.WRONG
+
+
+CHAIN = {"letter": "B", "value": "10", "choices": ["8", "10", "12", "14"]}
+
+
+@pytest.mark.parametrize("response", [
+    "<answer>12 = 10</answer>", "\\boxed{12 = 10}", "<answer>10 = 12</answer>", "<answer>x = 12 = 10</answer>",
+    "<answer>12 \\approx 10</answer>", "<answer>12 ≈ 10</answer>", "<answer>x = 10 = 12 cm</answer>",
+    "<answer>12 cm = 10 cm</answer>", "<answer>x = 10 \\approx 9.5</answer>", "Answer: 12 = 10",
+    "<answer>x != 10</answer>", "<answer>x <= 10</answer>", "<answer>x >= 10</answer>",
+    "<answer>x == 12 == 10</answer>",
+])
+def test_a_chain_of_values_counts_only_if_every_side_is_right(response):
+    for truth in (CHAIN, "10"):
+        assert _raw(response, truth) in NOT_CORRECT, truth
+
+
+@pytest.mark.parametrize("response", [
+    "<answer>x = 10</answer>", "<answer>m \\angle B = 10</answer>", "<answer>x = 10 = 10.0</answer>",
+    "<answer>x = \\frac{20}{2} = 10</answer>", "<answer>x = 5 + 5 = 10 cm</answer>", "<answer>x \\approx 10</answer>",
+])
+def test_chains_that_are_right_in_every_side_stay_correct(response):
+    for truth in (CHAIN, "10"):
+        assert _raw(response, truth) is Verdict.CORRECT, truth
+    assert _raw("<answer>x = 2\\sqrt{3} \\approx 3.46</answer>", S) is Verdict.CORRECT
+    assert _raw("<answer>x = 2\\sqrt{3} \\approx 3.5</answer>", S) is Verdict.WRONG  # 3.5 is choice C
+
+
+NESTED = {"letter": "C", "value": "10", "choices": ["8", "9", "10", "14"]}
+
+
+@pytest.mark.parametrize("response", [
+    "\\boxed{\\boxed{B} or \\boxed{C}}", "\\boxed{\\boxed{C} or \\boxed{B}}",
+    "\\boxed{\\boxed{B} \\text{ or } \\boxed{C}}",
+    "\\boxed{\\boxed{B}, \\boxed{C}}", "\\fbox{\\boxed{B} / \\boxed{C}}", "\\boxed{B or \\boxed{C}}",
+    "\\boxed{either \\boxed{B} or \\boxed{C}}", "\\boxed{\\boxed{9} or \\boxed{10}}",
+    "\\boxed{\\boxed{9} = \\boxed{10}}",
+    "Final: \\boxed{\\text{(B) or } \\boxed{C}}", "\\boxed{1} \\boxed{\\boxed{B} or \\boxed{C}}",
+])
+def test_a_box_of_boxes_is_read_whole(response):
+    for truth in (NESTED, "C", "10"):
+        assert _raw(response, truth) in NOT_CORRECT, truth
+    assert extract_choice(response) is None
+
+
+@pytest.mark.parametrize("response", [
+    "\\boxed{\\boxed{C}}", "\\boxed{x = \\boxed{10}}", "\\boxed{B} no, wait: \\boxed{C}",  # the last box counts
+    "\\boxed{C} and then \\boxed{9",  # a box left open is no box (a response cut off in its box)
+])
+def test_single_nested_or_last_boxes_stay_correct(response):
+    assert _raw(response, NESTED) is Verdict.CORRECT
+
+
+@pytest.mark.parametrize("number", ["9.80", "9.798", "9.7980", "9.8", "9.79", "9.81", "9.8000", "10"])
+@pytest.mark.parametrize("degree", ["^\\circ", "°", "^{\\circ}", " ^ { \\circ }", "\\degree"])
+def test_a_degree_sign_keeps_the_rounding_tolerance_of_a_decimal(number, degree):
+    four_root_six = {"letter": "D", "value": "4 \\sqrt { 6 }",  # 9.7980 (test 2589's choices)
+                     "choices": ["2 \\sqrt { 3 }", "2 \\sqrt { 6 }", "4 \\sqrt { 3 }", "4 \\sqrt { 6 }"]}
+    for truth in (four_root_six, "4 \\sqrt { 6 }", "9.80"):
+        plain = _raw(f"<answer>{number}</answer>", truth)
+        assert _raw(f"<answer>{number}{degree}</answer>", truth) is plain, truth
+        assert plain is (Verdict.CORRECT if number in ("9.80", "9.798", "9.7980") or (
+            truth == "9.80" and number in ("9.8", "9.8000")) else Verdict.WRONG), truth
+
+
 # --- fuzz over real problems --------------------------------------------------------------------------------
 
 def _problems(source: str):
@@ -186,3 +297,4 @@ def test_fuzz_real_problems_no_false_positive(geometry3k_source):
     print(f"\nchoice fuzz ({origin}): {len(problems)} problems, {checked} wrong answers in {elapsed:.1f}s")
     assert not false_positives, false_positives[:20]
     assert checked > 0 and elapsed < 60
+

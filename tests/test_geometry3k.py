@@ -262,6 +262,55 @@ def test_every_problem_of_the_three_splits(capsys, shared_data):
     assert sum(c["problems"] for c in counts.values()) == 3002
 
 
+def _disagreements(source: str) -> tuple[dict[str, list[str]], dict[str, dict]]:
+    """split/id -> the letters of the choices whose text reads as a number other than the data set's precise_value;
+    and split/id -> the raw row of those problems."""
+    found, rows = {}, {}
+    for split in SIZES:
+        for _, row, _, _ in task._rows(source, split):
+            for letter, text, precise in zip("ABCD", row["choices"], row["precise_value"]):
+                v = parse_number(text)
+                if v is not None and isinstance(precise, (int, float)) and abs(v - precise) > 1e-6 * max(1, abs(v)):
+                    found.setdefault(f"{split}/{row['id']}", []).append(letter)
+                    rows[f"{split}/{row['id']}"] = row
+    return found, rows
+
+
+def test_choice_text_wins_over_the_precise_value_wherever_they_disagree(shared_data):
+    """Geometry3K's precise_value reads test 2885's mixed numbers as products (4 \\frac { 4 } { 11 } as 16/11) and
+    has three negative choices one off; the loader keeps the text's value, and TEXT_OVER_PRECISE lists them all."""
+    found, rows = _disagreements(str(real_geometry3k(shared_data)))
+    print(f"\nprecise_value != choice text: {found}")
+    assert found == {"test/2885": ["A", "B", "D"], "train/798": ["A"], "train/1743": ["A"], "val/2315": ["A", "B"]}
+    assert set(found) == set(task.TEXT_OVER_PRECISE)
+    answers = {key: task._fields(row, None) for key, row in rows.items()}
+    assert answers["test/2885"]["precise_values"] == pytest.approx([11 / 6, 48 / 11, 3, 44 / 3], rel=1e-12)
+    assert answers["val/2315"]["precise_values"] == [-3, -1, 1, 6]
+    for key, fields in answers.items():  # what the loader keeps now agrees with the text everywhere
+        assert fields["precise_values"] == pytest.approx([parse_number(c) for c in fields["choices"]]), key
+    a2885 = {k: answers["test/2885"][k] for k in ("letter", "value", "choices", "precise_values")}
+    assert verify("\\boxed{\\frac{48}{11}}", a2885) is Verdict.CORRECT
+    assert verify("\\boxed{\\frac{16}{11}}", a2885) is Verdict.WRONG
+
+
+def test_loader_corrects_a_misread_mixed_number(tmp_path):
+    """Without the real data: test 2885's row as published (precise_value 16/11 for "4 \\frac { 4 } { 11 }")."""
+    _, png = fixture_rows()[0]
+    (tmp_path / "d.png").write_bytes(png)
+    row = {"id": 2885, "problem_text": "If pentagons A B C D E and P Q R S T are similar, find S R.", "answer": "B",
+           "choices": ["1 \\frac { 5 } { 6 }", "4 \\frac { 4 } { 11 }", "3", "14 \\frac { 2 } { 3 }"],
+           "precise_value": [0.8333333333333334, 1.4545454545454546, 3.0, 9.333333333333332], "image": "d.png"}
+    (tmp_path / "test.jsonl").write_text(json.dumps(row) + "\n")
+    (p,) = task.load(split="test", source=str(tmp_path))
+    assert p.answer["precise_values"] == pytest.approx([11 / 6, 48 / 11, 3, 44 / 3], rel=1e-12)
+    for response, verdict in [("\\boxed{\\frac{48}{11}}", Verdict.CORRECT), ("<answer>4.36</answer>", Verdict.CORRECT),
+                              ("\\boxed{\\frac{16}{11}}", Verdict.WRONG), ("<answer>1.45</answer>", Verdict.WRONG),
+                              ("<answer>B</answer>", Verdict.CORRECT)]:
+        assert task.verify(response, p.answer) is verdict, response
+    # a hiyouga-style row that gives the value, not the letter, finds the mixed-number choice by its text's value
+    assert task._fields({**row, "answer": "\\frac{48}{11}"}, 0)["letter"] == "B"
+
+
 def test_jsonl_layout_of_the_real_data_matches_the_folders(shared_data):
     data = real_geometry3k(shared_data)
     from_jsonl = task.load(split="val", source=str(data / "val.jsonl"), limit=20)

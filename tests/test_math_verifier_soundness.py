@@ -1,5 +1,5 @@
 """Math verifier soundness: constructed-wrong answers per false-positive pattern found by fuzzing,
-the two false negatives, the verify_batch time budget, and a small seeded fuzz of hostile variants."""
+the two false negatives, verify_batch's per-response limits, and a small seeded fuzz of hostile variants."""
 import math
 import random
 import time
@@ -98,14 +98,16 @@ def test_repeating_decimal_wrong_value():
     assert verify(B(r"0.\overline{6}"), r"\frac13") is W
 
 
-def test_verify_batch_time_budget():
+def test_verify_batch_limits_each_response_alone():
+    """No batch deadline: a response the in-process caps refuse costs nothing, one that stalls sympy
+    gets TIMEOUT at its own CPU-time limit, and the right answers after it in the batch keep their verdicts."""
     mv.warm_up()
-    per = 1.0
     t0 = time.monotonic()
-    got = verify_batch([B(r"\Gamma(10^{10})")] * 16, ["5"] * 16, timeout=per)
-    took = time.monotonic() - t0
-    assert took < mv.BATCH_TIME_FACTOR * per + 6.0, took  # + worker restarts
-    assert all(v in (W, U, T) for v in got)
+    assert verify_batch([B(r"\Gamma(10^{10})")] * 16, ["5"] * 16, timeout=1.0) == [W] * 16  # refused in-process
+    assert time.monotonic() - t0 < 2.0
+    stalls = [B(r"\Gamma(10^{10}+\frac{1}{2})")] * 2  # sympy computes it for minutes
+    got = verify_batch(stalls + [B("(x-1)(x+1)")] * 4, ["5"] * 2 + ["x^2-1"] * 4, timeout=0.5)
+    assert got == [T, T, C, C, C, C]
 
 
 def _variants(rng: random.Random):

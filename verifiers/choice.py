@@ -1,14 +1,19 @@
 """Multiple-choice answers (Geometry3K): the response's final answer is a choice letter or a choice's value.
 
 The final answer is the content of the last <answer>...</answer> (an unclosed last tag runs to the end), else
-of the last \\boxed{...} or \\fbox{...}, else the rest of the last "answer is ..." / "Answer: ..." line. It is
-read as
+of the last \\boxed{...} or \\fbox{...} (or of the outermost box around it: "\\boxed{\\boxed{B} or \\boxed{C}}" is
+the hedge "B or C", not C), else the rest of the last "answer is ..." / "Answer: ..." line. It is read as
   1. a bare letter ("C", "(C)", "C.", "\\text{C}", "Option C"),
   2. the text of a choice, compared after normalisation (spaces, $, \\left/\\right, degree marks removed),
   3. a letter followed by its value ("C. 15", "(C) 15": the letter counts),
   4. a number: decimals, \\frac{a}{b}, a/b, \\sqrt{x}, \\sqrt[n]{x}, \\pi, implicit products (2\\sqrt{3}),
      powers, degrees (60^\\circ, 60°) and trailing unit words (cm, in^2, units) dropped, other words kept ("15 or
-     more" is no number); after the last "=" or "\\approx" if any.
+     more" is no number). A mixed number is a sum: "2\\frac{1}{2}", "2 1/2" and Geometry3K's "4 \\frac { 4 } { 11 }"
+     are 2.5, 2.5 and 48/11 (digits then \\frac of digits, where they start a value; elsewhere, as in
+     "\\sqrt 2 \\frac{1}{2}" or "10^2\\frac{1}{2}", or with an improper fraction, "2\\frac{3}{2}", it is neither a
+     clear sum nor a clear product: no number). A relation "x = 15" (=, \\approx, ≈)
+     states its value after a leading name (a side that is no number: "x", "m \\angle B"); every other side is a
+     value too, so a chain "12 = 10" or "x = 2\\sqrt{3} \\approx 3.46" counts only if EVERY side is right.
      Evaluated by a small recursive-descent parser over a token whitelist (never eval). A number picks the
      single NEAREST choice (by value), and counts only if that choice is unambiguous and close (TOLERANCE):
      a tie between choices of different values is WRONG, so is a number nearer a wrong choice. 12.9 picks
@@ -23,6 +28,7 @@ TOLERANCE (the rule for "close", in _close). A value x read from the response eq
     |x - g| <= 0.5 * 10^-p: "2\\sqrt{3}" (3.4641...) and "3.464" match gold "3.46", "3.47" does not;
   - or the RESPONSE is a decimal with k >= 2 places that rounds the gold, |x - g| <= 0.5 * 10^-k: "3.46" or
     "3.4641" for gold 2\\sqrt{3}, "0.43" for 3/7 ("3.5" for 2\\sqrt{3} is WRONG: one place is too coarse).
+  A degree mark does not change a decimal's places: "9.80^\\circ" is read as "9.80".
   An integer or exact gold (120, 1000, \\frac{3}{7}) thus has no tolerance beyond that: 121 for 120, 1009 for
   1000, 120.5 for 120 are WRONG.
 
@@ -34,7 +40,8 @@ Without choices (a value-only ground truth), a value is compared with the truth 
 letter is UNPARSABLE. Input is cut to its last MAX_CHARS characters; verify() never raises.
 
 Ground truth: a letter ("C"), a dict {"letter", "value", "choices"[, "precise_values"]} as built by the
-geometry3k task, or a value string (no choices known).
+geometry3k task, or a value string (no choices known). A choice's value is read from its TEXT; a precise value is
+used only for a choice whose text is no number (Geometry3K's own precise_value misreads its mixed numbers).
 """
 from __future__ import annotations
 
@@ -45,7 +52,7 @@ import re
 
 from bapo_vl.problem import Verdict
 
-from .latex import last_boxed, match_brace
+from .latex import final_box, match_brace
 
 log = logging.getLogger(__name__)
 
@@ -80,7 +87,8 @@ def extract_answer(response: str) -> str | None:
         span = text[i + len("<answer>"):j if j >= 0 else len(text)].strip()
         if span:  # "<answer>The answer is C</answer>" -> "C"
             return _answer_phrase(span[:MAX_SPAN]) or span
-    boxed = last_boxed(text)
+    box = final_box(text)  # the last box, or the outermost box around it: "\\boxed{\\boxed{B} or \\boxed{C}}"
+    boxed = text[box[1]:box[2]].strip() if box else None
     if boxed:
         return boxed
     return _answer_phrase(text)
@@ -251,6 +259,35 @@ class _Parser:
         raise ValueError(f"unexpected {tok}")
 
 
+# a mixed number: digits, then \frac of digits ("4 \frac { 4 } { 11 }"), or, as the whole value, digits then a/b
+# ("2 1/2")
+_MIXED = re.compile(r"(\d+)\s*\\frac\s*\{\s*(\d+)\s*\}\s*\{\s*(\d+)\s*\}")
+_MIXED_SLASH = re.compile(r"\s*[-+]?\s*(\d+)\s+(\d+)\s*/\s*(\d+)\s*")
+_STARTS_A_VALUE = re.compile(r"(?:^|[-([{+*/=,;:]|\\cdot|\\times|\\div)\s*$")  # what may stand before one
+
+
+def _mixed_numbers(s: str) -> str:
+    """Each mixed number as one fraction in braces: "4 \\frac{4}{11}" -> "{\\frac{48}{11}}", "-2 1/2" ->
+    "-{\\frac{5}{2}}". Where it is unclear, ValueError (no number): digits and \\frac that do not start a value
+    ("\\sqrt 2 \\frac{1}{2}", "10^2\\frac{1}{2}", "1.5\\frac{1}{2}"), or an improper fraction after the digits
+    ("2\\frac{3}{2}": 3.5 or 3?)."""
+    def one(whole: str, num: str, den: str) -> str:
+        if int(num) >= int(den):
+            raise ValueError("a whole number before an improper fraction")
+        return f"{{\\frac{{{int(whole) * int(den) + int(num)}}}{{{den}}}}}"
+
+    m = _MIXED_SLASH.fullmatch(s)
+    if m:
+        return s[:m.start(1)] + one(*m.groups())
+
+    def replace(m: re.Match) -> str:
+        if not _STARTS_A_VALUE.search(s, 0, m.start()):
+            raise ValueError("digits and a fraction that do not start a value")
+        return one(*m.groups())
+
+    return _MIXED.sub(replace, s)
+
+
 def parse_number(text: str) -> float | None:
     """The value of a small LaTeX/plain arithmetic expression, or None (never raises, never evals).
 
@@ -271,6 +308,7 @@ def _parse_number(text: str) -> float | None:
         s = _SPACING.sub(" ", s)
         s = _DEGREES.sub("", s)
         s = re.sub(r"(?<=\d),(?=\d{3}(?!\d))", "", s)  # 1,000
+        s = _mixed_numbers(s)
         tokens = _tokens(s)
         if not tokens:
             return None
@@ -290,9 +328,12 @@ _UNIT = (r"(?:square\s+|sq\.?\s*|cubic\s+)?(?:units?|[ckm]?m|km|meters?|metres?|
 _UNITS = re.compile(rf"(?:\s*(?<![\\a-zA-Z]){_UNIT}\.?(?:\s*\^\s*\{{?\d\}}?)?)+\s*$", re.I)
 
 
-def _response_number(s: str) -> tuple[float | None, str]:
-    """(value, the text it was read from) of a final answer that is a number, e.g. "x = 15 cm" -> 15."""
-    s = re.split(r"=|\\approx|≈", _unwrap(s))[-1].strip().rstrip(".")
+_RELATION = re.compile(r"(?<![<>!])=+|\\approx(?![a-zA-Z])|≈")  # not "<=", "!=": those state no value
+
+
+def _side_number(s: str) -> tuple[float | None, str]:
+    """(value, the text it was read from) of one side of a final answer, e.g. "15 cm" -> 15."""
+    s = s.strip().rstrip(".").strip()
     value = parse_number(s)
     if value is None:
         stripped = _UNITS.sub("", s)
@@ -302,9 +343,20 @@ def _response_number(s: str) -> tuple[float | None, str]:
     return value, s
 
 
+def _response_numbers(s: str) -> list[tuple[float | None, str]]:
+    """(value, text) of each value a final answer states: "x = 15 cm" -> [(15, "15")], "12 = 10" -> two values, a
+    chain that must be right in every side. A leading side that is no number names what is asked ("x", "m \\angle
+    B", "SR") and is dropped."""
+    sides = [_side_number(side) for side in _RELATION.split(_unwrap(s))]
+    if len(sides) > 1 and sides[0][0] is None:
+        sides = sides[1:]
+    return sides
+
+
 def _places(text) -> int | None:
-    """Decimal places of a plain decimal ("3.46" -> 2, "-0.5" -> 1); None for anything else (integers, forms)."""
-    m = re.fullmatch(r"[-+]?\d*\.(\d+)", str(text).strip().replace(" ", ""))
+    """Decimal places of a plain decimal ("3.46" -> 2, "-0.5" -> 1, "9.80^\\circ" -> 2); None for anything else
+    (integers, forms)."""
+    m = re.fullmatch(r"[-+]?\d*\.(\d+)", _DEGREES.sub("", str(text)).strip().replace(" ", ""))
     return len(m.group(1)) if m else None
 
 
@@ -349,30 +401,44 @@ def _truth(answer, letters: str):
 
 
 def _pick_by_value(s: str, choices: list, numbers: list) -> set[int] | None:
-    """Indices of the choices the value `s` names: by text, else by nearest number; None if it reads as no value."""
+    """Indices of the choices the value `s` names: by text, else by the nearest number to each value it states (a
+    chain "12 = 10" names the choices of all its sides); None if it reads as no value."""
     key = normalize(s)
     hits = {i for i, c in enumerate(choices) if isinstance(c, str) and normalize(c) == key}
     if hits:
         return hits
-    x, text = _response_number(s)
-    if x is None:
+    sides = _response_numbers(s)
+    if any(x is None for x, _ in sides):
         return None
     known = [(i, v) for i, v in enumerate(numbers) if v is not None]
     if not known:
         return set()
-    best = min(abs(x - v) for _, v in known)
-    nearest = {i for i, v in known if abs(x - v) <= best + 1e-9 * max(1.0, abs(v))}
-    # every nearest choice must be close by the rule (a tie between different values is judged by the caller)
-    return nearest if all(_close(x, numbers[i], text, choices[i]) for i in nearest) else set()
+    picked = set()
+    for x, text in sides:
+        best = min(abs(x - v) for _, v in known)
+        nearest = {i for i, v in known if abs(x - v) <= best + 1e-9 * max(1.0, abs(v))}
+        # every nearest choice must be close by the rule (a tie between different values is judged by the caller)
+        if not all(_close(x, numbers[i], text, choices[i]) for i in nearest):
+            return set()
+        picked |= nearest
+    return picked
 
 
 _NAMED = re.compile(r"\(\s*([A-Z])\s*\)|(?<![A-Za-z\\])([A-Z])\s*(?:[.:)](?!\d)|$)"
                     r"|(?i:option|choice)\s*\(?([A-Za-z])\b")
 
 
+# a final answer that is a list of bare letters: "B or C", "B, C", "B/C", "either B or C" (what
+# "\\boxed{\\boxed{B} or \\boxed{C}}" reads as); not a choice's text such as "A D and B E"
+_LISTED = re.compile(r"(?:either\s+|both\s+)?[A-Z](?:\s*(?:,|/|&|\||\bor\b|\band\b|\bnor\b)\s*[A-Z])+")
+
+
 def _letters_named(s: str, letters: str) -> set[str]:
-    """The choice letters a final answer names as letters: "(A) (B)", "A. B.", "A) or B)", "Option A" ..."""
-    return {m.group(1) or m.group(2) or m.group(3).upper() for m in _NAMED.finditer(s)} & set(letters)
+    """The choice letters a final answer names as letters: "(A) (B)", "A. B.", "A) or B)", "B or C", "Option A" ..."""
+    named = {m.group(1) or m.group(2) or m.group(3).upper() for m in _NAMED.finditer(s)}
+    if _LISTED.fullmatch(s):
+        named |= set(re.findall(r"\b[A-Z]\b", s))
+    return named & set(letters)
 
 
 # --- verdicts -------------------------------------------------------------------------------------------------
@@ -442,15 +508,17 @@ def _verify(response: str, answer, letters: str) -> Verdict:
         return by_letter(chosen)
     if value is None:
         return Verdict.UNPARSABLE
-    if normalize(s) == normalize(value) or normalize(_response_number(s)[1]) == normalize(value):
+    if normalize(s) == normalize(value):
         return Verdict.CORRECT
-    x, text = _response_number(s)
     truth = parse_number(str(value))
-    if x is not None and truth is not None:
-        return Verdict.CORRECT if _close(x, truth, text, _clean(str(value))) else Verdict.WRONG
-    if x is None and truth is not None:
-        return Verdict.UNPARSABLE
-    return Verdict.WRONG
+    right = True
+    for x, text in _response_numbers(s):  # every side of a chain must be the value
+        if normalize(text) == normalize(value):
+            continue
+        if x is None:
+            return Verdict.WRONG if truth is None else Verdict.UNPARSABLE
+        right = right and truth is not None and _close(x, truth, text, _clean(str(value)))
+    return Verdict.CORRECT if right else Verdict.WRONG
 
 
 def verify(response: str, answer, letters: str = LETTERS) -> Verdict:

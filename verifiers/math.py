@@ -1,8 +1,15 @@
 """Math answers: extract the final answer of a response and decide whether it equals the reference.
 
+Extraction (extract_answer): the last box (the outermost one around it when boxes nest, so
+"\\boxed{\\boxed{5} \\text{ or } \\boxed{6}}" is a hedge, not 6), else <answer> tags, else the last "answer is" /
+"Answer:" (so "$5$ is incorrect; the correct answer is $6$" gives 6). Prose that takes the value back or
+qualifies it ("the answer is not $5$", "at least $5$", "anything but $5$", "$5$? No.", "\\boxed{5} is wrong") makes
+the response UNPARSABLE: such a response never counts as the value it rejects.
 Checks go cheapest first, all but the last in this process:
-  (a) normalised strings (LaTeX spacing, \\dfrac, \\left/\\right, units, degrees, percent, "x=", thousands
-      separators, \\frac12, \\sqrt2, 5² -> 5^{2}, \\phantom{..} dropped, ...); "a \\quad b", "a \\lor b", a line
+  (a) normalised strings (LaTeX spacing, \\dfrac, \\left/\\right, units, degrees, percent, "x=" and "(x,y)=",
+      thousands separators, \\frac12, \\sqrt2, \\binom52, {5 \\choose 2}, √196 = \\sqrt{196}, 5² -> 5^{2},
+      \\$36 -> 36, \\log_e -> \\ln, \\mathbb{R} -> (-\\infty,\\infty), \\phantom{..} dropped, ...); degrees inside
+      trig are converted (\\sin 30^\\circ = 1/2), elsewhere the unit is dropped; "a \\quad b", "a \\lor b", a line
       break "a \\\\ b" outside a matrix and "\\text{ (or }" are item separators (a list, not a product);
   (b) structure (intervals, tuples, unordered sets/lists, unions, matrices, "a \\pm b") and the exact value of
       each element from a small bounded evaluator: Fractions for rationals (so 1/2004! != 1/2006!), complex
@@ -10,7 +17,10 @@ Checks go cheapest first, all but the last in this process:
       power towers and 1000000! are refused (WRONG) at once. Exact answers are compared exactly: floats that
       differ (beyond DISTINCT_REL_TOL) are WRONG, floats that agree go to sympy for an exact check (355/113 !=
       pi, 3.1415926535897 != pi). The relative tolerance NUMERIC_REL_TOL applies ONLY where the gold answer is
-      itself a decimal approximation (has a decimal point, e.g. "3.14159"). Words in \\text{} are kept
+      itself a decimal approximation (has a decimal point, e.g. "3.14159"), and then to rational responses too
+      (1.4142136 for 1.414214). \\sqrt[n]{x} of a negative x and odd n is the real root (\\sqrt[3]{-8} = -2); i is
+      the imaginary unit, in sympy too (e^{i\\pi} = -1). A numeral with a subscript (52_8, 86_{87+0}) is
+      compared as written, never as the number without it. Words in \\text{} are kept
       unless they are unit words (5 \\text{ million} != 5); a relation chain "x=3=5" (\\approx and \\equiv are
       "=" too) must agree in every side; a mixed number 1\\frac{1}{2} is 3/2, also as an item or a chain side;
       several different choice labels ("(A) (B) (C)") are a hedge, WRONG; 0.\\overline{3} = 1/3; \\Gamma(n) and
@@ -20,19 +30,25 @@ Checks go cheapest first, all but the last in this process:
       mean WRONG at once (equal values prove nothing and go on);
   (d) only what is still open (x^2-1 = (x-1)(x+1), trig identities, equations, inequalities vs intervals)
       goes to math-verify/sympy, in ONE call to a killable worker process (verifiers.sandbox) under
-      SYMBOLIC_TIMEOUT seconds, after a screen that keeps huge exponents, factorials, literals, deep nesting
-      and malformed input away from sympy, and anything sympy's lenient parser would guess at: non-ASCII
-      characters (a digit with a combining stroke), LaTeX commands outside _KNOWN_COMMANDS (\\tag, \\footnote, \\not,
-      \\cancel, \\color, ...), empty items ("(,") and numbers like "1.2.3" are WRONG; math-verify reads LaTeX
-      only (its fallback to plain expressions found the 5 in "5 \\sum 6"). There, too, two-point
-      evaluation runs before math-verify, and it overrules math-verify's 6-decimal rounding (which accepted
-      1/2004! for 1/2006!).
-Time: the in-process checks of one response take at most TIME_BUDGET seconds of CPU, whatever it holds (the
-caps bound them; tests/test_verifier_fuzz.py holds >= 20,000 hostile responses to it), the sandbox adds at most
-SYMBOLIC_TIMEOUT; a worker past it is killed and replaced in the background.
-Verdicts: UNPARSABLE when no final answer can be extracted, TIMEOUT when the symbolic check hits its limit or
-its worker dies (or, in verify_batch, the batch's time budget BATCH_TIME_FACTOR x the limit runs out), else
-CORRECT/WRONG. `verify` never raises. Nothing from the response is ever eval'ed.
+      SYMBOLIC_TIMEOUT seconds of its CPU time (closed algebraic forms are decided exactly by their minimal
+      polynomial, sums with explicit bounds by evaluating them), after a screen that keeps huge exponents,
+      factorials, literals, deep nesting and malformed input away from sympy, and anything sympy's lenient parser
+      would guess at: non-ASCII characters (a digit with a combining stroke), LaTeX commands outside
+      _KNOWN_COMMANDS (\\tag, \\footnote, \\not, \\cancel, \\color, ...), empty items ("(,") and numbers like "1.2.3"
+      are WRONG; math-verify reads LaTeX only (its fallback to plain expressions found the 5 in "5 \\sum 6").
+      There, too, two-point evaluation runs before math-verify, and it overrules math-verify's 6-decimal
+      rounding (which accepted 1/2004! for 1/2006!).
+Time: a verdict depends on the response and the gold alone, not on the load of the host nor on the other
+responses of a batch. The in-process checks of one response take at most TIME_BUDGET seconds of CPU, whatever it
+holds (the caps bound them; tests/test_verifier_fuzz.py holds >= 20,000 hostile responses to it). The symbolic
+check of one response may use SYMBOLIC_TIMEOUT seconds of CPU time of its worker, counted by the kernel for that
+worker and that call alone (verifiers.sandbox); past it the worker is ended (TIMEOUT) and replaced in the
+background. There is no batch deadline: verify_batch spreads the checks over SANDBOX_WORKERS workers, so a slow
+response delays the batch but never changes a neighbour's verdict. SYMBOLIC_WALL_LIMIT (wall clock, many times
+the CPU limit) only ends a worker that hangs without computing; a slow answer on a busy host does not reach it.
+Verdicts: UNPARSABLE when no final answer can be extracted, TIMEOUT when the symbolic check exceeds its CPU
+limit or its worker dies (or hangs), else CORRECT/WRONG. `verify` never raises. Nothing from the response is
+ever eval'ed.
 """
 from __future__ import annotations
 
@@ -43,22 +59,23 @@ import math
 import os
 import re
 import threading
-import time
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from fractions import Fraction
 
 from bapo_vl.problem import Verdict
 
 from . import sandbox
-from .latex import last_boxed, match_brace
+from .latex import final_box, last_boxed, match_brace
 
-VERIFIER_VERSION = "math-1.2"  # bump when a response could be judged differently
+VERIFIER_VERSION = "math-1.3"  # bump when a response could be judged differently
 log = logging.getLogger(__name__)
 MAX_RESPONSE_CHARS = 10_000  # only the tail of a response is searched for the answer
 MAX_ANSWER_CHARS = 1_000  # a longer extracted answer counts as unparsable
-SYMBOLIC_TIMEOUT = 5.0  # seconds per response for the sandboxed symbolic check
+SYMBOLIC_TIMEOUT = 5.0  # seconds of worker CPU time per response for the sandboxed symbolic check
+SYMBOLIC_WALL_LIMIT = 120.0  # wall seconds after which a symbolic check's worker counts as hung (see "Time")
 TIME_BUDGET = 0.1  # seconds (CPU) of the in-process checks of one response (see "Time" above)
-SANDBOX_WORKERS = max(1, min(4, os.cpu_count() or 1))
+SANDBOX_WORKERS = max(2, min(8, os.cpu_count() or 1))  # parallel symbolic checks (no verdict depends on it)
 SANDBOX_MEMORY_MB = 3072  # address-space cap of a sandbox worker
 NUMERIC_REL_TOL = 1e-6  # only where the GOLD answer is itself a decimal approximation ("3.14159")
 # Exact answers (no decimal point in the gold) are compared exactly: rationals as Fractions; values with roots,
@@ -66,7 +83,6 @@ NUMERIC_REL_TOL = 1e-6  # only where the GOLD answer is itself a decimal approxi
 # double rounding error), and otherwise go to the symbolic (sympy) check, so 355/113 != pi, 2024 !=
 # sqrt(2024^2+1) and sqrt(N) != sqrt(N+1).
 DISTINCT_REL_TOL = 1e-12
-BATCH_TIME_FACTOR = 3.0  # verify_batch takes at most this many per-response limits; the rest is TIMEOUT
 MAX_DEPTH = 40  # bracket nesting / evaluator recursion
 MAX_BITS = 40_000  # numerator/denominator size of exact values (about 12,000 digits)
 MAX_FACTORIAL = 3_000
@@ -80,32 +96,98 @@ SYMBOLIC_MAX_DIGITS = 60
 
 # ---------------------------------------------------------------- extraction
 
-_FINAL = re.compile(r"answer(?:\*\*)?\s*(?:is\b\s*[:：]?|[:：=])\s*(?:\*\*)?[ \t]*([^\n]+)", re.I)
-_MATH_SPAN = re.compile(r"\$\$?([^$]+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]")
+# "the answer is" / "Answer:", its answer on the line that follows
+_FINAL = re.compile(r"answer(?:\*\*)?\s*(?:is\b\s*[:：]?|[:：=])\s*(?:\*\*)?[ \t]*(?=[^\s])", re.I)
+# a math span; "\$" inside one is a dollar sign ("$\$36$"), not its end
+_MATH_SPAN = re.compile(r"(?<!\\)\$\$?((?:\\.|[^$\\])+?)\$\$?|\\\((.+?)\\\)|\\\[(.+?)\\\]", re.S)
+
+# Prose that takes back or qualifies the value beside it: "the answer is not $5$", "at least $5$", "anything but
+# $5$", "$5$ is incorrect", "$5$? No.", "$5$ or more", "x \ne \boxed{5}". Such an answer is no answer (UNPARSABLE):
+# it must never count as the value it rejects. Wider than needed on purpose: a hedge may lose its reward.
+_NEG_WORDS = (r"not|no|never|none|nor|neither|cannot|isn['’]t|aren['’]t|wasn['’]t|incorrect|wrong|false|anything|"
+              r"everything|except|but|other|unless|least|most|more|less|fewer|greater|smaller|larger|bigger|higher|"
+              r"lower|above|below|over|under|approx\w*|about|around|roughly|nearly|almost|maybe|perhaps|possibly|"
+              r"probably|likely|either|between|instead|rather|excluding|besides|beyond|up\s+to|guess\w*|might|may|"
+              r"could|if|assum\w*|suppos\w*")
+_NEG = (rf"(?<![a-z])(?:{_NEG_WORDS})(?![a-z])|n['’]t(?![a-z])"
+        r"|\\(?:neq?|not|geq?|leq?|gtr?|lt|approx|sim)(?![a-z])|[<>≠≥≤≈]")
+_NEGATING = re.compile(_NEG + "|[?]", re.I)  # anywhere in the words between "the answer is" and its value
+_NEGATING_END = re.compile(  # at the end of the clause before a box: "is not \boxed{5}", "\boxed{5} or \boxed{6}"
+    rf"(?:{_NEG}|(?<![a-z])or)"
+    r"(?:\s|[=:${}]|\\[(\[]|(?<![a-z])(?:equal|equals|to|be|is|exactly|precisely|than)(?![a-z]))*$", re.I)
+_CORRECTION = (r"(?<![a-z])(?:actually|wait|hmm+|oops|sorry|correction|nope|just\s+kidding|kidding|joking|i\s+mean|"
+               r"scratch|oh|hold\s+on)(?![a-z])")  # "$5$. Actually, it's $6$."
+_NEGATING_START = re.compile(  # at the start of what follows a value: "? No", " is incorrect", " or more", ". Wait"
+    rf"^[\s,;:.…(—–-]*(?:\?|~~|</?(?:del|s|strike)>|(?:(?:is|are|was|were|would\s+be|seems|must\s+be)\s+)?"
+    rf"(?:{_NEG}|{_CORRECTION}|or\s+(?!\$|\\[(\[])))", re.I)
+_STRUCK = re.compile(r"~~[^~]*~~|<(del|s|strike)>.*?</\1>", re.I | re.S)  # struck out (markdown, HTML): not an answer
+# "$5$, not $6$", "\boxed{5}, not 6": rejecting another value
+_OTHER_VALUE = re.compile(r"(?<![a-z])(?:not|rather\s+than|instead\s+of)\s*(?=\$|\\[(\[]|\\boxed|[-−]?\d)", re.I)
+_RETRACTION = re.compile(  # soon after the answer: "\boxed{5}. Wait, that's wrong" (not "a common mistake is ...")
+    r"(?<![a-z])(?:(?:that|this|it|which)(?:['’]s|\s+is|\s+was)\s+(?:wrong|incorrect|a\s+mistake|mistaken|"
+    r"not\s+(?:right|correct|the\s+answer))|scratch\s+that|I\s+made\s+a\s+mistake)(?![a-z])", re.I)
 
 
-def _clean_final(text: str) -> str:
-    """The answer part of what follows "Answer:" / "the answer is"."""
-    text = text.strip().strip("*").strip()
+_TAG = re.compile(r"</?[a-zA-Z]+>")  # <answer>, </answer>: not relations
+_TAG_END = re.compile(r"</?(?:answer|think|p|b|strong|em|br|div|span)>", re.I)  # (but "<del>" after a value is)
+
+
+def _disowned_after(after: str) -> bool:
+    """Does the text after an answer take it back ("? No", " is incorrect", "that's wrong" soon after) or
+    qualify it (" or more", " at least")?"""
+    after = re.sub(r"^(?:\s|\$|\\[)\]])*", "", after[:300])
+    return bool(_NEGATING_START.search(_OTHER_VALUE.sub(" ", _TAG_END.sub(" ", after[:200])))
+                or _RETRACTION.search(after))
+
+
+def _disowned_box(text: str, start: int, end: int) -> bool:
+    """Is the box text[start:end] (its command to its closing brace) negated or qualified by the prose around it?
+    Only the clause just before it counts there ("Since no root is real, the answer is \\boxed{5}" is fine)."""
+    before = text[max(0, start - 200):start]
+    if re.search(r"(?:~~|<(?:del|s|strike)>)[\s$]*$", before, re.I):  # struck out
+        return True
+    before = re.split(r"[,;:!?\n]|\.\s", _TAG.sub(" ", before))[-1]
+    return bool(_NEGATING_END.search(before)) or _disowned_after(text[end:])
+
+
+def _clean_final(text: str) -> str | None:
+    """The answer part of what follows "Answer:" / "the answer is" on its line; None when the prose around the
+    value takes it back or qualifies it (see _NEG_WORDS)."""
+    text = _STRUCK.sub(" ", text).strip().strip("*").strip()
     boxed = last_boxed(text)
     if boxed is not None:
         return boxed
     spans = list(_MATH_SPAN.finditer(text))
     if spans:  # the first math span, with any that follow it joined by ",", "and", "or"
+        if _NEGATING.search(_TAG.sub(" ", text[:spans[0].start()])):
+            return None
         parts, end = [], spans[0].start()
         for m in spans:
             if not re.fullmatch(r"\s*(?:,|;)?\s*(?:(?:and|or)\s*)?", text[end:m.start()]):
                 break
             parts.append(next(g for g in m.groups() if g is not None))
             end = m.end()
-        return ",".join(parts)
+        return None if _disowned_after(text[end:]) else ",".join(parts)
     m = re.match(r"(.*?)(?:\.\s|\.?$)", text)  # up to the end of the sentence ("13. I hope it is correct")
     return m.group(1) if m else text
 
 
+def _last_final(text: str) -> str | None:
+    """The answer after the last "Answer:" / "the answer is" (so "$5$ is incorrect; the correct answer is $6$"
+    gives 6), read by _clean_final; None if there is none."""
+    final = deque(_FINAL.finditer(text), maxlen=1)
+    if not final:
+        return None
+    start = final[0].end()
+    stop = text.find("\n", start)
+    return _clean_final(text[start:stop if stop >= 0 else len(text)]) or None
+
+
 def extract_answer(response: str) -> str | None:
-    """The final answer: the last \\boxed{...}/\\fbox{...}, else the last <answer>...</answer>, else the last
-    "Answer: ..." / "The answer is ..." line; None if there is none or it is longer than MAX_ANSWER_CHARS.
+    """The final answer: the last \\boxed{...}/\\fbox{...} (the outermost one around it if it sits in another),
+    else the last <answer>...</answer>, else the last "Answer: ..." / "The answer is ..." line; None if there is
+    none, if it is longer than MAX_ANSWER_CHARS, or if the prose around it takes it back or qualifies it
+    ("the answer is not $5$", "at least $5$", "\\boxed{5} is incorrect").
 
     >>> extract_answer("so the result is 13.\\n\\nAnswer: $13$")
     '13'
@@ -113,18 +195,26 @@ def extract_answer(response: str) -> str | None:
     if not isinstance(response, str):
         return None
     text = response[-MAX_RESPONSE_CHARS:].replace("\x00", "")
-    found = last_boxed(text)
-    if found is None:
+    box = final_box(text)
+    if box is not None:
+        end = box[2] + (text[box[2]:box[2] + 1] == "}" and text[box[1] - 1:box[1]] == "{")
+        if _disowned_box(text, box[0], end):
+            return None
+        found = text[box[1]:box[2]]
+    else:
+        found = None
         end = text.rfind("</answer>")
         start = text.rfind("<answer>", 0, end if end >= 0 else len(text))
         if start >= 0:
             found = text[start + len("<answer>"):end if end >= 0 else len(text)]
-            final = list(_FINAL.finditer(found))
-            found = _clean_final(final[-1].group(1)) if final else _clean_final(found) if "$" in found else found
+            if _FINAL.search(found):
+                found = _last_final(found)
+            elif "$" in found:
+                found = _clean_final(found)
+            if found is None:
+                return None
     if found is None:
-        final = list(_FINAL.finditer(text))
-        if final:
-            found = _clean_final(final[-1].group(1))
+        found = _last_final(text)
     if found is None:
         return None
     found = found.strip()
@@ -136,11 +226,15 @@ def extract_answer(response: str) -> str | None:
 # ---------------------------------------------------------------- normalisation
 
 _UNICODE = {"−": "-", "–": "-", "—": "-", "×": "\\times ", "÷": "\\div ", "·": "\\cdot ", "⋅": "\\cdot ",
-            "π": "\\pi ", "√": "\\sqrt", "∞": "\\infty ", "°": "^\\circ", "≤": "\\le ", "≥": "\\ge ",
+            "π": "\\pi ", "√": "\\sqrt ", "∛": "\\sqrt[3] ", "∜": "\\sqrt[4] ", "∞": "\\infty ",
+            "°": "^\\circ", "≤": "\\le ", "≥": "\\ge ",
             "≠": "\\ne ", "∪": "\\cup ", "∈": "\\in ", "\u00a0": " ", "\u2009": " ", "\u202f": " ", "，": ",",
             "±": "\\pm ", "∓": "\\mp ", "∩": "\\cap ", "∅": "\\emptyset ", "≈": "\\approx ", "…": "\\ldots ",
             "→": "\\to ", "∠": "\\angle ", "θ": "\\theta ", "α": "\\alpha ", "β": "\\beta ", "λ": "\\lambda ",
             "ω": "\\omega ", "φ": "\\phi ", "Δ": "\\Delta "}  # the rest of non-ASCII never reaches sympy
+# √196 is the root of 196 (while \sqrt196 in LaTeX is \sqrt{1}96)
+_UNICODE_ROOT = re.compile(r"([√∛∜])\s*(\d+(?:\.\d+)?)")
+_ROOT_COMMAND = {"√": "\\sqrt", "∛": "\\sqrt[3]", "∜": "\\sqrt[4]"}
 _SUPERSCRIPT_DIGITS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+")
 _SUBSCRIPT_DIGITS = str.maketrans("₀₁₂₃₄₅₆₇₈₉₋₊", "0123456789-+")
 _SUPERSCRIPTS = re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+")
@@ -150,7 +244,7 @@ _TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|textrm|textnormal|textup|mbox|m
                        r"mathbb|operatorname|boldsymbol|bm|hbox)\s*\{")
 _UNITS = (r"(?:square\s+|sq\.?\s+|cubic\s+)?(?:units?|cm|mm|km|m|meters?|metres?|centimeters?|kilometers?|inch(?:es)?|"
           r"in|feet|foot|ft|yards?|yd|miles?|mi|degrees?|deg|radians?|rad|dollars?|cents?|hours?|hrs?|minutes?|mins?|"
-          r"seconds?|secs?|s|days?|weeks?|months?|years?|mph|kph|pounds?|lbs?|ounces?|oz|grams?|g|kg|liters?|litres?|"
+          r"seconds?|secs?|s|h|days?|weeks?|months?|years?|mph|kph|pounds?|lbs?|ounces?|oz|grams?|g|kg|liters?|litres?|"
           r"ml|gallons?|people|persons?|students?|ways|times|points?|coins?|marbles?|books?|pages?|percent)")
 _UNIT_TEXT = re.compile(rf"\s*{_UNITS}(?:\s*(?:/|per)\s*{_UNITS})?\s*\.?\s*", re.I)
 _TRAILING_UNIT = re.compile(rf"(?<=[\d}}])\s+(?=[a-zA-Z]{{2}}){_UNITS}(?:\s*(?:/|per)\s*{_UNITS})?"
@@ -166,6 +260,15 @@ _LABEL = re.compile(r"\\(?:textbf|text|mathrm|mathbf|mbox|textrm)\s*\{\s*\(\s*([
                     r"|^\s*\(([A-E])\)(?=\s*\S)"
                     r"|(?P<open>\\(?:textbf|text|mathrm)\s*\{)\s*\(([A-E])\)(?=(?:\\[ ,;:!]|~|\s)*[^\s}\\~])")
 _VAR_PREFIX = re.compile(r"[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?(?:\([a-zA-Z]\))?(?:=|\\in(?![a-zA-Z]))")
+_TUPLE_PREFIX = re.compile(  # "(x,y)=" before a tuple
+    r"\((?:[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?,)+[a-zA-Z](?:_\{?[a-zA-Z0-9]+\}?)?\)=(?=[(\[])")
+_REALS = re.compile(r"\\mathbb\s*\{\s*R\s*\}|\\mathbb\s*R(?![a-zA-Z])|ℝ|\\R(?![a-zA-Z])|\\reals(?![a-zA-Z])"
+                    r"|^\s*(?:\\text\s*\{\s*)?all\s+real\s+numbers\s*\}?\s*$", re.I)
+_TRIG = re.compile(r"(?<![a-zA-Z])(?:sin|cos|tan|cot|sec|csc)(?![a-zA-Z])")
+_DEGREES = re.compile(
+    r"(\d+(?:\.\d+)?)\s*(?:\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z]))")
+# \log_b a: the base is one character or a braced group (as TeX reads it), the argument a number, letter or group
+_LOG_BASE = re.compile(r"\\log_\s*(\{[^{}]*\}|[0-9a-zA-Z])\s*(\d+(?:\.\d+)?|[a-zA-Z](?![a-zA-Z])|\{[^{}]*\})")
 
 
 def _choice_letter(s: str) -> str | None:
@@ -219,15 +322,16 @@ def _replace_text_blocks(s: str) -> str:
 
 
 def _brace_args(s: str) -> str:
-    """\\frac12 -> \\frac{1}{2}, \\sqrt2 -> \\sqrt{2}, \\frac{270}7 -> \\frac{270}{7} (right to left, so nested ones too)."""
-    for m in list(re.finditer(r"\\(frac|sqrt)(?![a-zA-Z])", s))[::-1][:200]:
+    """\\frac12 -> \\frac{1}{2}, \\sqrt2 -> \\sqrt{2}, \\frac{270}7 -> \\frac{270}{7}, \\binom52 -> \\binom{5}{2}
+    (right to left, so nested ones too)."""
+    for m in list(re.finditer(r"\\(frac|sqrt|binom)(?![a-zA-Z])", s))[::-1][:200]:
         i = m.end()
         if m.group(1) == "sqrt" and s[i:i + 1] == "[":
             close = s.find("]", i)
             if close < 0:
                 continue
             i = close + 1
-        for _ in range(2 if m.group(1) == "frac" else 1):
+        for _ in range(1 if m.group(1) == "sqrt" else 2):
             while s[i:i + 1] == " ":
                 i += 1
             if s[i:i + 1] == "{":
@@ -236,7 +340,7 @@ def _brace_args(s: str) -> str:
                     break
                 i = end + 1
                 continue
-            arg = re.match(r"\d|[a-zA-Z]|\\(?!frac|sqrt)[a-zA-Z]+", s[i:i + 40])
+            arg = re.match(r"\d|[a-zA-Z]|\\(?!frac|sqrt|binom)[a-zA-Z]+", s[i:i + 40])
             if not arg:
                 break
             s = s[:i] + "{" + arg.group() + "}" + s[i + arg.end():]
@@ -289,6 +393,7 @@ def normalize(s: str) -> str:
     s = str(s)[:MAX_RESPONSE_CHARS]
     s = re.sub(r"[\x00-\x08\x0b-\x1f\x7f]", "", s)
     listed = re.search(r"\d,\s", s) is not None  # "190, 129, 130" is a list; "190,129,130" may be thousands
+    s = _UNICODE_ROOT.sub(lambda m: f"{_ROOT_COMMAND[m.group(1)]}{{{m.group(2)}}}", s)
     for k, v in _UNICODE.items():
         if k in s:
             s = s.replace(k, v)
@@ -302,6 +407,11 @@ def normalize(s: str) -> str:
     s = re.sub(r"\\(?:Rightarrow|Longrightarrow|implies)\s*(?:\\text(?:bf)?\{\s*\(?[A-E]\)?\s*\}|\(?[A-E]\)?)\s*$", "", s)
     s = _drop_choice_label(s)
     s = re.sub(r"\\(?:dfrac|tfrac|cfrac)(?![a-zA-Z])", r"\\frac", s)
+    s = re.sub(r"\\(?:boxed|fbox)\s*(?=\{)", "", s)  # boxes inside the final box: "\boxed{5} or \boxed{6}" is a list
+    s = re.sub(r"\\(?:dbinom|tbinom)(?![a-zA-Z])", r"\\binom", s)
+    s = re.sub(r"\{([^{}]*)\\choose(?![a-zA-Z])([^{}]*)\}", r"\\binom{\1}{\2}", s)  # {5 \choose 2}
+    s = re.sub(r"^([^{}]*)\\choose(?![a-zA-Z])([^{}]*)$", r"\\binom{\1}{\2}", s)  # 5 \choose 2
+    s = _REALS.sub(r"(-\\infty,\\infty)", s)  # \mathbb{R}: the interval, as answers write it either way
     s = re.sub(r"\\hspace\*?\{[^{}]*\}|\\textdollar(?![a-zA-Z])", " ", s)
     s = re.sub(r"\\(?:left|right)\s*\.", "", s)
     s = _SIZING.sub("", s)
@@ -314,6 +424,8 @@ def normalize(s: str) -> str:
     s = re.sub(r"\\(?:geq|geqslant)(?![a-zA-Z])", r"\\ge", s)
     s = re.sub(r"\\(?:neq)(?![a-zA-Z])", r"\\ne", s)
     s = re.sub(r"\\(?:approx|equiv)(?![a-zA-Z])", "=", s)  # a side of a chain: "5 \approx 6" must agree too
+    if _TRIG.search(s):  # degrees inside trig are degrees: \sin 30^\circ = 1/2 (elsewhere the unit is dropped)
+        s = _DEGREES.sub(r"(\\frac{\1\\pi}{180})", s)
     s = re.sub(r"\^\s*\{\s*\\circ\s*\}|\^\s*\\circ|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])", "", s)
     s = re.sub(r"(?<!\\)%(?=\s*[^\s.])", ",", s)  # a bare % with more after it starts a LaTeX comment: not "w% g"
     s = s.replace("\\%", "").replace("%", "")
@@ -321,6 +433,9 @@ def normalize(s: str) -> str:
     s = _TRAILING_UNIT.sub("", s)
     s = re.sub(r"(?:,|(?<=[\w})])\s)\s*(?:or|and)\s+(?=[\w\\{(-])", ",", s)  # "2, 3, or 4", "9 and -7"
     s = _FUNCTION.sub(r"\\\1", s)
+    s = re.sub(r"\\log_\s*(?:e|\{\s*e\s*\})(?![a-zA-Z])", r"\\ln ", s)  # \log_e 2 = \ln 2
+    # \log_2 3 -> \log_{2}(3): else "\log_2 3\cdot\log_3 4" is read as one logarithm of everything after it
+    s = _LOG_BASE.sub(lambda m: f"\\log_{{{m.group(1).strip('{}')}}}({m.group(2).strip('{}')})", s)
     s = re.sub(r"^(?:final\s+)?answer\s*[:=]", "", s.strip(), flags=re.I)
     s = re.sub(r"(\\[a-zA-Z]+)\s+(?=[a-zA-Z])", "\\1\x01", s)  # keep "\cot x" apart
     s = re.sub(r"\s+", "", s).replace("\x01", " ")
@@ -336,7 +451,7 @@ def normalize(s: str) -> str:
     s = re.sub(r"\+\\infty", r"\\infty", s)
     s = re.sub(r"^\+(?=\d)", "", s)
     s = _strip_outer(s, "{", "}")
-    m = _VAR_PREFIX.match(s)
+    m = _VAR_PREFIX.match(s) or _TUPLE_PREFIX.match(s)
     if m and m.end() < len(s) and "=" not in s[m.end():]:
         s = s[m.end():]
     if re.fullmatch(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?", s) and not listed:
@@ -440,6 +555,14 @@ def _pow(a, b):
         return _check_size(za ** zb)
     except OverflowError:
         raise _NotNumeric("float overflow") from None
+
+
+def _odd_integer(k) -> bool:
+    return isinstance(k, Fraction) and k.denominator == 1 and k.numerator % 2 == 1
+
+
+def _negative_real(v) -> bool:
+    return v < 0 if isinstance(v, Fraction) else v.imag == 0 and v.real < 0
 
 
 def _factorial(v):
@@ -609,7 +732,11 @@ class _Evaluator:
                 k = self.expr()
                 if self.take() != "]":
                     raise _NotNumeric("unbalanced \\sqrt[")
-            v = _pow(self.group(), _arith("/", Fraction(1), k))
+            base = self.group()
+            if _odd_integer(k) and _negative_real(base):  # \sqrt[3]{-8} = -2: the real root, as answers mean it
+                v = _arith("-", Fraction(0), _pow(_arith("-", Fraction(0), base), _arith("/", Fraction(1), k)))
+            else:
+                v = _pow(base, _arith("/", Fraction(1), k))
         elif t == "\\Gamma":
             v = _gamma(self.group())
         elif t in _BINOM:
@@ -671,8 +798,11 @@ def _at_points(s: str, names: tuple) -> tuple:
 
 def _num_equal(a, b, approximate: bool = False) -> bool | None:
     """Exact values: Fractions compare exactly; floats (roots, pi, i) that clearly differ are False, else None
-    (undecided: the symbolic step decides). approximate (the gold is a decimal): relative NUMERIC_REL_TOL."""
+    (undecided: the symbolic step decides). approximate (the gold is a decimal): relative NUMERIC_REL_TOL, for
+    rationals too (1.4142136 for the gold 1.414214), computed exactly."""
     if isinstance(a, Fraction) and isinstance(b, Fraction):
+        if approximate:
+            return abs(a - b) <= _REL_TOL * max(abs(a), abs(b))
         return a == b
     try:
         a, b = _approx(a), _approx(b)
@@ -686,6 +816,7 @@ def _num_equal(a, b, approximate: bool = False) -> bool | None:
     return None
 
 
+_REL_TOL = Fraction(str(NUMERIC_REL_TOL))
 _DECIMAL = re.compile(r"(?<![\\a-zA-Z])\d*\.\d")
 
 
@@ -768,7 +899,7 @@ def _structure(s: str):
 
 
 _RELATION = re.compile(r"[<>]|\\(?:le|ge|lt|gt|ne|in)(?![a-zA-Z])")
-_BASE_NUMBER = re.compile(r"[0-9A-Za-z]+_\{?\d+\}?")
+_NUMBER_SUBSCRIPT = re.compile(r"(?:(?<![\\a-zA-Z0-9])\d[0-9A-Za-z]*|\(\d+\)|\{\d+\})\s*_")  # numeral, subscript
 
 
 # The LaTeX commands an answer may hold beyond those normalize() rewrites: those that may reach sympy (its parser
@@ -812,11 +943,15 @@ def _scalar(p: str, g: str):
         chain = _chain(p, g)
         if chain is not None:
             return chain
-    if _is_text(g) or _is_text(p) or _BASE_NUMBER.fullmatch(g) or _BASE_NUMBER.fullmatch(p):
+    if _NUMBER_SUBSCRIPT.search(p) or _NUMBER_SUBSCRIPT.search(g):  # 52_8, 86_{87+0}: a numeral in a base is
+        return False  # compared as written (p != g here), never as the number without its subscript
+    if _is_text(g) or _is_text(p):
         return _text_key(p) == _text_key(g) and bool(_text_key(g)) and not _unknown_commands(p, g)
     ps, pv = _value(p)
     gs, gv = _value(g)
     if ps in ("toobig", "undefined") or gs in ("toobig", "undefined"):
+        return False
+    if gs == "ok" and _RELATION.search(p) or ps == "ok" and _RELATION.search(g):  # "x > 5" is not the number 5
         return False
     if ps == gs == "ok":
         eq = _num_equal(pv, gv, _is_approximate(g))
@@ -878,6 +1013,10 @@ def _compare(p: str, g: str, depth: int = 0) -> bool | list:
         return False
     sp, sg = _structure(p), _structure(g)
     kind = sp[0]
+    if kind == "scalar" and sg[0] != "scalar" and "=" in p:  # "(x,y)=(2,13)=(2,13)": every side must be the gold
+        chain = _chain(p, g)
+        if chain is not None:
+            return chain
     if {kind, sg[0]} == {"matrix", "seq"}:  # a vector written as a tuple
         mat, seq = (sp, sg) if kind == "matrix" else (sg, sp)
         flat = [x for row in mat[1] for x in row]
@@ -985,13 +1124,46 @@ def _exact_closed(gold, pred) -> bool:
 
 def _sympy_exact_equal(a, b) -> bool:
     """In the sandbox worker: are two closed sympy numbers exactly equal (decimals read as exact rationals)?"""
-    from sympy import Expr, Float, Rational, simplify
+    from sympy import Dummy, Expr, Float, Rational, minimal_polynomial, simplify
 
     if not (isinstance(a, Expr) and isinstance(b, Expr)):
         return False
     a, b = (x.xreplace({f: Rational(str(f)) for f in x.atoms(Float)}) for x in (a, b))
     d = a - b
-    return d == 0 or simplify(d) == 0 or d.equals(0) is True
+    if d == 0:
+        return True
+    try:  # an algebraic difference (roots, cos(pi/5)) is 0 exactly when its minimal polynomial is z: fast and exact
+        z = Dummy("z")
+        return minimal_polynomial(d, z) == z
+    except (MemoryError, RecursionError):
+        raise
+    except Exception:  # not algebraic (pi, e, logs): sympy's general tests
+        pass
+    return simplify(d) == 0 or d.equals(0) is True
+
+
+def _as_evaluated(x):
+    """In the sandbox worker: a parsed value read as the in-process evaluator reads it: the letter i is the
+    imaginary unit (e^{i\\pi} = -1), an odd root of a negative number is real (\\sqrt[3]{-2} = -\\sqrt[3]{2})."""
+    from sympy import Expr, I, Pow
+
+    if not hasattr(x, "subs"):
+        return x
+    x = x.subs({s: I for s in getattr(x, "free_symbols", ()) if s.name == "i"})
+    if isinstance(x, Expr):
+        x = x.replace(lambda e: isinstance(e, Pow) and e.exp.is_Rational and e.exp.p == 1 and e.exp.q % 2 == 1
+                      and e.base.is_negative is True, lambda e: -Pow(-e.base, e.exp))
+    return x
+
+
+def _sums_equal(a, b) -> bool:
+    """In the sandbox worker: is a sum or product with explicit bounds identical to the other side once evaluated?
+    (\\sum_{k=0}^{30}\\binom{30}{k}x^k = (1+x)^{30}: an exact polynomial identity.)"""
+    from sympy import Expr, Product, Sum, expand
+
+    if not (isinstance(a, Expr) and isinstance(b, Expr) and (a.has(Sum, Product) or b.has(Sum, Product))):
+        return False
+    return expand(a.doit() - b.doit()) == 0
 
 
 def _symbolic_equal(reqs: list) -> bool:
@@ -1004,6 +1176,9 @@ def _symbolic_equal(reqs: list) -> bool:
 
     logging.getLogger("math_verify").setLevel(logging.CRITICAL)
     logging.getLogger("latex2sympy2_extended").setLevel(logging.CRITICAL)
+    from sympy.core.cache import clear_cache
+
+    clear_cache()  # what earlier calls left in sympy's cache must not change this call's CPU time (its limit)
     parsed: dict[str, list] = {}
 
     def equal(p: str, g: str, closed: bool = False) -> bool:
@@ -1012,18 +1187,16 @@ def _symbolic_equal(reqs: list) -> bool:
                 if t not in parsed:
                     # LaTeX only: the default also extracts a plain expression when the LaTeX does not parse,
                     # and found the 5 of "5 \\sum 6" (a string in parsed[t] is such a failure)
-                    parsed[t] = parse(f"${t}$", extraction_config=[LatexExtractionConfig()], parsing_timeout=None)
+                    found = parse(f"${t}$", extraction_config=[LatexExtractionConfig()], parsing_timeout=None)
+                    parsed[t] = [_as_evaluated(x) for x in found]
             gold, pred = parsed[g], parsed[p]
-            if closed and gold and pred:  # closed numeric forms: the letter i is the imaginary unit
-                from sympy import I
-
-                gold, pred = [[x.subs({s: I for s in getattr(x, "free_symbols", ()) if s.name == "i"})
-                               if hasattr(x, "subs") else x for x in v] for v in (gold, pred)]
             if not gold or not pred or isinstance(gold[0], str) or isinstance(pred[0], str) \
                     or _sympy_differ(gold[0], pred[0]):
                 return False
             if closed or _exact_closed(gold[0], pred[0]):  # no rounding: 3.1415926535897 != pi, 2.718281828 != e
                 return _sympy_exact_equal(pred[0], gold[0])
+            if _sums_equal(gold[0], pred[0]):  # math-verify leaves sums unevaluated (and spent seconds on them)
+                return True
             return bool(mv_verify(gold, pred, allow_set_relation_comp=True, timeout_seconds=None))
         except (MemoryError, RecursionError):
             raise
@@ -1105,8 +1278,10 @@ def _decide(pred: str, gold: str) -> Verdict | list:
 
 
 def _run_symbolic(reqs: list, timeout: float | None) -> Verdict:
+    """The symbolic check in a worker: `timeout` (default SYMBOLIC_TIMEOUT) seconds of its CPU time."""
+    cpu = SYMBOLIC_TIMEOUT if timeout is None else timeout
     try:
-        equal = _get_pool().run(_symbolic_equal, reqs, timeout=SYMBOLIC_TIMEOUT if timeout is None else timeout)
+        equal = _get_pool().run(_symbolic_equal, reqs, cpu_time=cpu, timeout=max(SYMBOLIC_WALL_LIMIT, 10 * cpu))
     except sandbox.SandboxTimeout:
         return Verdict.TIMEOUT
     except (sandbox.SandboxError, MemoryError, RecursionError):  # resource limits: reported with timeouts
@@ -1129,7 +1304,8 @@ def check(pred: str, gold: str, timeout: float | None = None) -> Verdict:
 
 
 def verify(response: str, answer: str, timeout: float | None = None) -> Verdict:
-    """Verdict of a whole response against the reference answer. Never raises.
+    """Verdict of a whole response against the reference answer; `timeout`: seconds of CPU time for its symbolic
+    check (default SYMBOLIC_TIMEOUT). Never raises.
 
     >>> verify("... so the answer is $\\\\boxed{\\\\dfrac{1}{2}}$.", "0.5")
     <Verdict.CORRECT: 'correct'>
@@ -1151,11 +1327,9 @@ def _verify(response: str, answer, timeout: float | None = None) -> Verdict:
 
 
 def verify_batch(responses: list[str], answers: list[str], timeout: float | None = None) -> list[Verdict]:
-    """verify() over many responses: the in-process checks run here, the symbolic ones in parallel over
-    the sandbox workers, all within one time budget of BATCH_TIME_FACTOR per-response limits: a symbolic check
-    not started or not finished within it is TIMEOUT, so a rollout of hostile responses cannot stall training."""
-    per = SYMBOLIC_TIMEOUT if timeout is None else timeout
-    deadline = time.monotonic() + BATCH_TIME_FACTOR * per
+    """verify() over many responses, with the same verdicts: the in-process checks run here, the symbolic ones in
+    parallel over the sandbox workers, each under its own CPU-time limit (`timeout`, default SYMBOLIC_TIMEOUT);
+    no deadline is shared, so a slow response cannot turn its neighbours into TIMEOUT (see "Time" above)."""
     verdicts: list = [None] * len(responses)
     pending = {}
     for k, (response, answer) in enumerate(zip(responses, answers)):
@@ -1170,11 +1344,8 @@ def verify_batch(responses: list[str], answers: list[str], timeout: float | None
         else:
             pending[k] = decided
     if pending:
-        with ThreadPoolExecutor(max_workers=SANDBOX_WORKERS) as ex:
-            def run(reqs):
-                left = deadline - time.monotonic()
-                return Verdict.TIMEOUT if left < 0.05 else _run_symbolic(reqs, min(per, left))
-
-            for k, v in zip(pending, ex.map(run, pending.values())):
+        # one thread per worker: a thread waits only for its own worker (or that worker's replacement)
+        with ThreadPoolExecutor(max_workers=min(len(pending), _get_pool().size)) as ex:
+            for k, v in zip(pending, ex.map(lambda reqs: _run_symbolic(reqs, timeout), pending.values())):
                 verdicts[k] = v
     return verdicts

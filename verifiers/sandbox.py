@@ -1,4 +1,4 @@
-"""Run a function in a killable worker process under a hard wall-clock limit.
+"""Run a function in a killable worker process, under a limit of the worker's own CPU time.
 
 `Pool(size)` keeps up to `size` persistent workers, started lazily. Each worker is a fresh interpreter
 started with `subprocess.Popen([sys.executable, "-c", ...])`: nothing of the caller is forked (it may hold
@@ -9,30 +9,38 @@ so `fn` must be importable) over the worker's stdin, results come back over its 
 `multiprocessing.connection.Connection`; the worker points its own fd 1 at stderr, so stray prints cannot
 corrupt the channel.
 
-The caller waits with `Connection.poll(remaining)`: no signals, so any thread may call. A worker past its
-limit is SIGKILLed (the caller returns about a millisecond after the limit), however it is stuck (in C code,
-in sympy), and a replacement starts at once in the background; a worker that dies (segfault, OOM kill) gives
-EOF -> `SandboxError` and is replaced the same way; an exception raised by `fn` is re-raised in the caller.
-Starting a worker on demand (interpreter, imports and `init`: slow next to a check) is not counted in `timeout` but is
-bounded by START_TIMEOUT; `warm()` starts workers ahead of time. Waiting for a busy worker, or for a replacement
-still starting, counts: so calls that share a deadline (math.verify_batch) end by it, stalled workers or not.
+Limits of one call (`run(fn, ..., timeout=, cpu_time=)`):
+  - `cpu_time`: seconds of CPU time the worker may spend on this call, counted by the kernel for the worker
+    alone (ITIMER_PROF, armed when the call arrives): how busy the machine is, or what other calls do, does not
+    change when it runs out. Past it the kernel ends the worker (SIGPROF's default action, so in C code and
+    in sympy too) and the caller gets SandboxTimeout. RLIMIT_CPU a few seconds later is a second backstop.
+  - `timeout`: wall-clock seconds from sending the call to its reply, a backstop against a worker that hangs
+    without computing (it is then SIGKILLed: SandboxTimeout). Give it generously where `cpu_time` is the rule.
+Waiting for a free worker, or for one to start (interpreter, imports and `init`: bounded by START_TIMEOUT),
+counts against neither. A worker that was killed or died (segfault, OOM kill: EOF -> SandboxError) is
+replaced at once in the background; an exception raised by `fn` is re-raised in the caller. The caller waits
+with `Connection.poll`: no signals in the caller, so any thread may call. `warm()` starts workers ahead of time.
 
-Backstops inside the worker: an address-space limit (`memory_mb`, MemoryError instead of swapping the host),
-a CPU-time limit per call (the kernel kills a worker that computes for timeout + about 3 s even if the
-parent is gone), and a watchdog thread that exits when the parent dies. Workers are killed at interpreter exit.
+Other backstops inside the worker: an address-space limit (`memory_mb`, MemoryError instead of swapping the
+host), and a watchdog thread that exits when the parent dies. After each reply the worker collects garbage
+(outside any call's CPU time). Workers are killed at interpreter exit.
 """
 from __future__ import annotations
 
 import atexit
+import gc
 import os
 import pickle
+import signal
 import subprocess
 import sys
 import threading
 import time
 from multiprocessing.connection import Connection
 
-START_TIMEOUT = 60.0  # seconds for a new worker to import and report ready
+START_TIMEOUT = 300.0  # wall seconds for a new worker to import and report ready (generous: a loaded host)
+# exit codes of a worker ended by its CPU limit (ITIMER_PROF, or the RLIMIT_CPU backstop)
+_CPU_SIGNALS = {-getattr(signal, name) for name in ("SIGPROF", "SIGXCPU") if hasattr(signal, name)}
 _MODULE = __name__ if __name__ != "__main__" else "bapo_vl.verifiers.sandbox"
 
 
@@ -88,7 +96,7 @@ class Pool:
         self._closed = False
         atexit.register(self.close)
 
-    def _acquire(self, deadline: float) -> tuple[_Worker, float]:
+    def _acquire(self, deadline: float) -> _Worker:
         with self._cond:
             while not self._idle and self._count >= self.size:
                 left = deadline - time.monotonic()
@@ -96,11 +104,10 @@ class Pool:
                     raise SandboxTimeout("no worker became free in time")
                 self._cond.wait(left)
             if self._idle:
-                return self._idle.pop(), 0.0
+                return self._idle.pop()
             self._count += 1
-        t0 = time.monotonic()
         try:
-            return _Worker(self.init, self.memory_mb), time.monotonic() - t0
+            return _Worker(self.init, self.memory_mb)
         except BaseException:
             self._release(None, False)
             raise
@@ -109,7 +116,7 @@ class Pool:
         with self._cond:
             keep = healthy and not self._closed
             replace = worker is not None and not keep and not self._closed  # its slot goes to the replacement,
-            if keep:  # so that no caller starts one of its own meanwhile (a start it would not count)
+            if keep:  # so that no caller starts one of its own meanwhile
                 self._idle.append(worker)
             elif not replace:
                 self._count -= 1
@@ -120,7 +127,7 @@ class Pool:
             threading.Thread(target=self._replace, name="sandbox-replace", daemon=True).start()
 
     def _replace(self) -> None:
-        """Start a worker in the background for one that was killed or died (callers wait for it, counted)."""
+        """Start a worker in the background for one that was killed or died (callers may wait for it)."""
         try:
             worker = _Worker(self.init, self.memory_mb)
         except BaseException:
@@ -132,16 +139,18 @@ class Pool:
 
     def warm(self, n: int | None = None) -> None:
         """Start workers now (up to `n`, default `size`) so that the first calls don't pay the start."""
-        started = [self._acquire(time.monotonic() + START_TIMEOUT)[0] for _ in range(min(n or self.size, self.size))]
+        started = [self._acquire(time.monotonic() + START_TIMEOUT) for _ in range(min(n or self.size, self.size))]
         for w in started:
             self._release(w, True)
 
-    def run(self, fn, *args, timeout: float, **kwargs):
-        """fn(*args, **kwargs) in a worker; raises SandboxTimeout past `timeout` s, SandboxError if it dies."""
-        data = pickle.dumps((fn, args, kwargs, timeout), protocol=pickle.HIGHEST_PROTOCOL)
-        t0 = time.monotonic()
+    def run(self, fn, *args, timeout: float, cpu_time: float | None = None, **kwargs):
+        """fn(*args, **kwargs) in a worker. Raises SandboxTimeout past `cpu_time` s of the worker's CPU time or
+        `timeout` s of wall time after the call was sent (see the module docstring), SandboxError if it dies."""
+        name = getattr(fn, "__name__", fn)
+        data = pickle.dumps((fn, args, kwargs, cpu_time, timeout), protocol=pickle.HIGHEST_PROTOCOL)
         for attempt in (0, 1):  # an idle worker that died meanwhile (OOM killer...) gets one replacement
-            worker, start_s = self._acquire(t0 + timeout)
+            # waiting for a worker is not the call's time: busy ones end by their own limits, starts by START_TIMEOUT
+            worker = self._acquire(time.monotonic() + timeout + START_TIMEOUT)
             try:
                 worker.tx.send_bytes(data)
                 break
@@ -149,17 +158,22 @@ class Pool:
                 self._release(worker, False)
                 if attempt:
                     raise SandboxError("worker died before the call") from None
-        deadline = t0 + timeout + start_s
         healthy = False
         try:
-            if not worker.rx.poll(max(0.0, deadline - time.monotonic())):
-                raise SandboxTimeout(f"{getattr(fn, '__name__', fn)} exceeded {timeout:g} s")
+            if not worker.rx.poll(timeout):
+                raise SandboxTimeout(f"{name} gave no reply within {timeout:g} s (wall clock): worker hung")
             status, value = worker.rx.recv()
             healthy = not isinstance(value, MemoryError)  # the worker exits after a MemoryError
         except SandboxTimeout:
             raise
         except Exception as e:
-            raise SandboxError(f"worker died ({e!r}, exit code {worker.proc.poll()})") from None
+            try:
+                code = worker.proc.wait(timeout=5)  # EOF: it is exiting; its exit code says why
+            except subprocess.TimeoutExpired:
+                code = None
+            if code in _CPU_SIGNALS:
+                raise SandboxTimeout(f"{name} exceeded {cpu_time or timeout:g} s of CPU time") from None
+            raise SandboxError(f"worker died ({e!r}, exit code {code})") from None
         finally:
             self._release(worker, healthy)
         if status == "ok":
@@ -180,13 +194,13 @@ _default: Pool | None = None
 _default_lock = threading.Lock()
 
 
-def run(fn, *args, timeout: float, **kwargs):
+def run(fn, *args, timeout: float, cpu_time: float | None = None, **kwargs):
     """fn(*args, **kwargs) in the shared default pool (2 workers); see Pool.run."""
     global _default
     with _default_lock:
         if _default is None:
             _default = Pool()
-    return _default.run(fn, *args, timeout=timeout, **kwargs)
+    return _default.run(fn, *args, timeout=timeout, cpu_time=cpu_time, **kwargs)
 
 
 def _serve() -> None:
@@ -207,29 +221,42 @@ def _serve() -> None:
         import resource
     except ImportError:  # not POSIX: no rlimit backstops
         resource = None
+    profiling = hasattr(signal, "setitimer") and hasattr(signal, "SIGPROF")
+    if profiling:  # an ignored SIGPROF would be inherited over exec: the timer must end the process
+        signal.signal(signal.SIGPROF, signal.SIG_DFL)
     if init is not None:
         init()
     if resource is not None and memory_mb:
         resource.setrlimit(resource.RLIMIT_AS, (memory_mb << 20, resource.getrlimit(resource.RLIMIT_AS)[1]))
-    tx.send("ready")
+    try:
+        tx.send("ready")
+    except OSError:  # the parent closed the pool while this worker started (at its exit)
+        return
     while True:
         try:
-            fn, args, kwargs, timeout = rx.recv()
+            fn, args, kwargs, cpu_time, timeout = rx.recv()
         except (EOFError, OSError):
             return
-        if resource is not None:
+        if resource is not None:  # backstop: the kernel ends a worker that computes a few seconds past the limit
             used = resource.getrusage(resource.RUSAGE_SELF)
-            soft = int(used.ru_utime + used.ru_stime + timeout) + 3
+            soft = int(used.ru_utime + used.ru_stime + (cpu_time or timeout)) + 3
             hard = resource.getrlimit(resource.RLIMIT_CPU)[1]
             if hard == resource.RLIM_INFINITY or soft <= hard:
                 resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
+        if cpu_time is not None and profiling:  # this call's CPU time, whatever the load of the host
+            signal.setitimer(signal.ITIMER_PROF, max(cpu_time, 1e-6))
         try:
             reply = ("ok", fn(*args, **kwargs))
         except BaseException as e:  # noqa: BLE001 - everything goes back to the caller
             reply = ("raise", e)
+        finally:
+            if cpu_time is not None and profiling:
+                signal.setitimer(signal.ITIMER_PROF, 0)
         try:
             tx.send(reply)
         except Exception as e:  # unpicklable result or exception
             tx.send(("raise", SandboxError(f"unpicklable reply: {e!r}")))
         if isinstance(reply[1], MemoryError):
             return
+        del reply
+        gc.collect()  # the garbage of this call is not the next call's CPU time

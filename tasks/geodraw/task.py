@@ -49,7 +49,7 @@ from bapo_vl.verifiers.choice import verify as verify_choice
 
 NAME = "geodraw"
 # the Geometry3K choice verifier (bapo_vl.verifiers.choice) decides; bump with it or with the answer format
-VERSION = "geodraw-1.0"
+VERSION = "geodraw-1.1"
 EVAL_SPLITS = ["test"]
 KINDS = ("triangle", "parallel", "circle", "rectangle")
 SPLIT_SIZES = {"train": 10_000, "val": 500, "test": 500}

@@ -19,8 +19,10 @@
 Each Problem: uid `geometry3k-{split}-{id}` (a repeated id gets #2, #3... in file order); images = [the diagram as
 a PIL RGB image]; answer = {"letter": "C", "value": "15", "choices": [...], "precise_values": [...]} where value is
 the right choice's text and precise_values the dataset's numeric value of each choice (None where absent or not a
-number); meta = {split, id, choices, template, origin}. Choices are kept as the dataset writes them (Inter-GPS:
-"2 \\sqrt { 3 }"). A problem with no known choices has letter None or value None as its row gives.
+number), except where the choice's TEXT reads as a number and the two disagree: there the text's value (4 of the
+3,002 problems, listed in TEXT_OVER_PRECISE; the mixed numbers of test 2885 among them); meta = {split, id,
+choices, template, origin}. Choices are kept as the dataset writes them (Inter-GPS: "2 \\sqrt { 3 }"). A problem
+with no known choices has letter None or value None as its row gives.
 
 Malformed rows (no question, no or bad answer, answer not among the choices, missing or unreadable image, wrong
 types) raise ValueError naming the data.json or the file and 0-based row; with skip_bad=True they are skipped and
@@ -48,7 +50,8 @@ from bapo_vl.verifiers.choice import verify as verify_choice
 
 NAME = "geometry3k"
 # letter-or-value verdicts over bapo_vl.verifiers.choice; bump when they can change
-VERSION = "geometry3k-1.2"  # 1.1: exact values, single nearest choice, hedged letters; 1.2: unit words only
+VERSION = "geometry3k-1.3"  # 1.1: exact values, single nearest choice, hedged letters; 1.2: unit words only;
+# 1.3: mixed numbers (choices and responses), chains "12 = 10" right in every side, nested boxes, "9.80^\circ"
 EVAL_SPLITS = ["test"]  # the 601 test problems the Inter-GPS paper and BAPO report on
 LETTERS = "ABCD"
 TEMPLATES = ("letter", "value")
@@ -92,6 +95,29 @@ def _match_value(value, choices: list[str]) -> int:
     if not hits:
         raise ValueError(f"answer {value!r} is none of the choices {choices}")
     return hits[0]
+
+
+# Where Geometry3K's precise_value disagrees with its choice's text (all splits, checked against the Inter-GPS
+# data by tests/test_geometry3k.py): the text is what the model reads, so the text's value wins.
+TEXT_OVER_PRECISE = {
+    "test/2885": "mixed numbers read as products: 1 5/6, 4 4/11, 14 2/3 have 5/6, 16/11, 28/3 (not 11/6, 48/11, "
+                 "44/3)",
+    "train/798": '"- 3" has -2',
+    "train/1743": '"- 8" has -7',
+    "val/2315": '"- 3" and "- 1" have -2 and 0',
+}
+
+
+def _precise_values(choices: list[str] | None, precise: list[float | None]) -> list[float | None]:
+    """The dataset's precise value of each choice, replaced by the value of the choice's text where that text
+    reads as a number of another value (TEXT_OVER_PRECISE: "4 \\frac { 4 } { 11 }" has 16/11, the text 48/11)."""
+    if not choices:
+        return precise
+    out = []
+    for text, p in zip(choices, precise):
+        v = parse_number(text)
+        out.append(v if v is not None and p is not None and abs(v - p) > 1e-6 * max(1.0, abs(v)) else p)
+    return out
 
 
 def _image_sources(row: dict) -> list:
@@ -147,6 +173,7 @@ def _fields(row, fallback_id) -> dict:
         if not isinstance(precise, (list, tuple)) or (choices and len(precise) != len(choices)):
             raise ValueError(f"precise_value must be a list with one entry per choice, got {precise!r}")
         precise = [float(p) if isinstance(p, (int, float)) and not isinstance(p, bool) else None for p in precise]
+        precise = _precise_values(choices, precise)
 
     qid = row.get("id", extra.get("index", fallback_id))
     if isinstance(qid, bool) or not isinstance(qid, (int, str)) or not re.fullmatch(r"[\w.-]+", str(qid)):
