@@ -114,10 +114,12 @@ class Config:
     run_dir: str = "runs"
     """runs are written to run_dir/name"""
     name: str | None = None
-    """run name; default: <algo>-<task>-<timestamp>"""
+    """run name, a plain folder name (no / or \\, at most 255 bytes); default: <algo>-<task>-<timestamp>"""
     resume: str | None = None
     """a run directory to continue from its latest complete checkpoint, with the config recorded there (only steps,
-    max_rollouts, save_every, log_samples, report_to, device, run_dir may change)"""
+    max_rollouts, save_every, keep_checkpoints, log_samples, report_to, device, run_dir may change; the record keeps
+    the changes but device and run_dir, so a later resume goes on with them); a run stopped before its first
+    checkpoint starts again from step 0"""
     seed: int = 42
     """seeds data order, sampling and BAPO's random choices"""
     steps: int = within(100, Range(ge=1))
@@ -252,11 +254,15 @@ class Config:
     """responses kept per step in the run record"""
     save_every: int = within(0, Range(ge=0))
     """checkpoint every N steps (0: only at the end)"""
+    keep_checkpoints: int = within(2, Range(ge=0), "0 = keep all")
+    """checkpoints kept: the newest N; an older one is removed once a newer one is written whole. 2 leaves one to
+    fall back to if the newest is damaged; 0 = keep all"""
     report_to: list[str] = within([], SINKS)
     """extra scalar sinks: tensorboard, wandb"""
 
     def __post_init__(self):
         check_fields(self)
+        check_run_name(self.name)
         if self.min_pixels > self.max_pixels:
             raise ConfigError(f"min_pixels={self.min_pixels} is above max_pixels={self.max_pixels}", "min_pixels")
         try:
@@ -362,6 +368,25 @@ def check_field(f: dataclasses.Field, value):
                 else f"choose {'from' if each else 'one of'} {', '.join(accepted)}")
         raise ConfigError(f"{f.name}={value!r}: {what}" + (f" ({hint})" if hint else ""), f.name)
     return value
+
+
+NAME_MAX = 255  # bytes in a folder name on Linux, macOS and Windows file systems
+
+
+def check_run_name(name: str | None) -> None:
+    """A run name is one folder under run_dir: a name that walked out of it (../x, /abs) or that no file system
+    takes (too long, NUL) is refused here, with one line, rather than by the OS once the run is being written."""
+    if not name:
+        return
+    shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)} characters)"
+    if "/" in name or "\\" in name or name in (".", ".."):
+        raise ConfigError(f"name={shown}: a run name is a plain folder name, without / or \\ and not . or ..; choose "
+                          "where runs go with run_dir=", "name")
+    if any(ord(c) < 32 or ord(c) == 127 for c in name):
+        raise ConfigError(f"name={shown}: a run name has no control characters", "name")
+    if len(name.encode("utf-8", "surrogatepass")) > NAME_MAX:
+        raise ConfigError(f"name={shown}: a run name is a folder name, at most {NAME_MAX} bytes; choose a shorter "
+                          "one", "name")
 
 
 def check_fields(cfg: Config) -> None:

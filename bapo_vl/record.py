@@ -14,7 +14,7 @@ Schema (SCHEMA_VERSION = 2; JSON columns are text):
     meta(key PRIMARY KEY, value)       schema_version, created_at, name, status (running/finished/failed),
                                        backend, bapo_vl_version, finished_at, resumed_at, upgraded_at,
                                        verifier_version, verifier_versions ([[version, first step], ...])
-    config(json)                       the full config, one row
+    config(json)                       the full config, one row (a resume writes its changes, e.g. steps, into it)
     steps(step PRIMARY KEY, time,      one row per training step; `metrics` holds every key the trainer
           metrics JSON, bins JSON,     logged (known or not), the other columns copy the most queried ones
           x1, x2, x3, batch_size, ...) (see STEP_COLUMNS). `bins` = fresh groups per accuracy bin 0/G..G/G.
@@ -286,10 +286,12 @@ class RunRecord:
         return cls(run_dir, conn, sinks)
 
     @classmethod
-    def open(cls, run_dir, *, truncate_after: int | None = None, sinks=(), resume: bool = True) -> "RunRecord":
+    def open(cls, run_dir, *, truncate_after: int | None = None, sinks=(), resume: bool = True,
+             config_changes: dict | None = None) -> "RunRecord":
         """Reopen an existing record to append. With `resume` (training goes on) the run is marked running
         again; without it (e.g. adding evaluations) its status is left alone. `truncate_after=k` drops what
-        was logged for steps > k, i.e. the steps after the checkpoint that will be trained again."""
+        was logged for steps > k, i.e. the steps after the checkpoint that will be trained again.
+        `config_changes` (a resume's steps=, ...) are merged into the recorded config, in the same transaction."""
         run_dir = Path(run_dir)
         path = run_dir / DB_NAME
         if not path.exists():
@@ -300,6 +302,10 @@ class RunRecord:
             if truncate_after is not None:
                 for table in PER_STEP_TABLES:
                     conn.execute(f"DELETE FROM {table} WHERE step > ?", (truncate_after,))
+            if config_changes:
+                rowid, config = conn.execute("SELECT rowid, json FROM config").fetchone()
+                conn.execute("UPDATE config SET json = ? WHERE rowid = ?",
+                             (json.dumps({**json.loads(config), **config_changes}, default=str), rowid))
             if resume:
                 conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                                  [("status", "running"), ("resumed_at", _now())])

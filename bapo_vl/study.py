@@ -330,13 +330,14 @@ def train_segment(opts: StudyOptions, entry: str, seed: int, budget: int) -> tup
     run_dir = Path(opts.runs) / f"{entry}-s{seed}"
     # steps = the entry's last budget never binds first: every step generates at least one rollout
     steps = opts.entry_budgets(entry)[-1]
+    keep = ["keep_checkpoints=0"] if opts.keep_checkpoints else []  # the trainer would prune evaluated ones
     if run_dir.is_dir() and checkpoint_steps(run_dir):
-        cfg = resume_config(run_dir, [f"max_rollouts={budget}", f"steps={steps}"])
+        cfg = resume_config(run_dir, [f"max_rollouts={budget}", f"steps={steps}", *keep])
     else:
         shutil.rmtree(run_dir, ignore_errors=True)  # a run killed before its first checkpoint starts over
         cfg = load_config(opts.preset, None, [*opts.overrides, *opts.overrides_of(entry), f"seed={seed}",
                                               f"steps={steps}", f"max_rollouts={budget}",
-                                              f"run_dir={opts.runs}", f"name={run_dir.name}"])
+                                              f"run_dir={opts.runs}", f"name={run_dir.name}", *keep])
     t0 = time.perf_counter()
     train(cfg, quiet=True)
     seconds = time.perf_counter() - t0

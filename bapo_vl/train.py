@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from bapo_vl.backends.base import CheckpointError, load_checkpoint_file
 from bapo_vl.config import Config, ConfigError, as_override, one_line
 from bapo_vl.plugins import get_task
 from bapo_vl.record import (DB_NAME, FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir, make_sinks,
@@ -25,7 +26,11 @@ log = logging.getLogger(__name__)
 DISK_FULL = 1 << 20  # bytes: less room than this left after a failed write means the disk is full
 STATE = "state.pt"  # the trainer's part of a checkpoint folder (the backend writes its own files beside it)
 # What a resumed run may change; everything else must be as recorded, or it would not be the same run.
-RESUME_MAY_CHANGE = {"resume", "steps", "max_rollouts", "save_every", "log_samples", "report_to", "device", "run_dir"}
+RESUME_MAY_CHANGE = {"resume", "steps", "max_rollouts", "save_every", "keep_checkpoints", "log_samples", "report_to",
+                     "device", "run_dir"}
+# The changes a resume writes into the record, so that a later plain resume=RUN goes on with them (an extended run
+# killed before its new end still trains to it); where it runs (device, run_dir) belongs to the machine, not the run.
+RESUME_RECORDS = RESUME_MAY_CHANGE - {"resume", "device", "run_dir"}
 
 
 class RunFailed(RuntimeError):
@@ -98,7 +103,8 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
 def save_checkpoint(trainer: Trainer, run_dir: Path, step: int) -> Path:
     """The backend's weights/optimizer/random state and the trainer's BAPO state (buffers, thresholds, data
     position, versions) in checkpoints/step_N. Written into a hidden folder, synced to disk, then renamed: a
-    crash at any point leaves either the whole checkpoint or none."""
+    crash at any point leaves either the whole checkpoint or none. Then the older ones beyond
+    `keep_checkpoints` are removed."""
     root = run_dir / "checkpoints"
     path, tmp = root / f"step_{step}", root / f".step_{step}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -120,11 +126,38 @@ def save_checkpoint(trainer: Trainer, run_dir: Path, step: int) -> Path:
     if path.exists():  # a step trained again after a resume from an earlier checkpoint
         shutil.rmtree(path)
     os.replace(tmp, path)
+    sync_folder(root)  # the new checkpoint's name is on disk before an older one's removal can be
+    prune_checkpoints(run_dir, step, trainer.cfg.keep_checkpoints)
     return path
 
 
+def sync_folder(folder: Path) -> None:
+    """fsync a folder: renames and removals in it are on disk when this returns."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def prune_checkpoints(run_dir: Path, newest: int, keep: int) -> None:
+    """Remove the checkpoints older than the `keep` newest up to step `newest`, which was just written whole
+    (keep=0: remove none). Later ones, left from before a resume, are replaced when their steps are trained again.
+    Each goes by a rename to a hidden name first, so that a crash mid-removal leaves no half checkpoint that
+    looks whole; leftovers of such a crash go now."""
+    root = run_dir / "checkpoints"
+    for leftover in root.glob(".step_*.removed"):
+        shutil.rmtree(leftover, ignore_errors=True)
+    if not keep:
+        return
+    for step in [s for s in checkpoint_steps(run_dir) if s <= newest][:-keep]:
+        gone = root / f".step_{step}.removed"
+        os.replace(root / f"step_{step}", gone)
+        shutil.rmtree(gone, ignore_errors=True)
+
+
 def recorded_config(run_dir) -> dict:
-    """The config a run was started with, as its record holds it."""
+    """The config a run was started with, as its record holds it (with the changes its resumes recorded)."""
     if not (Path(run_dir) / DB_NAME).is_file():
         raise ConfigError(f"resume={run_dir}: no run record {Path(run_dir) / DB_NAME}; name the directory of a run "
                           "(`bapo runs --root DIR` lists them)", "resume")
@@ -155,11 +188,20 @@ def check_resumable(cfg: Config, run_dir: Path):
 
 def open_run(cfg: Config, trainer: Trainer, problems) -> tuple[Path, RunRecord, int]:
     """A new run directory and record, or (resume=RUN_DIR) the old one restored to its latest complete checkpoint;
-    steps recorded after that checkpoint are dropped, since they are trained again. The caller holds the lock."""
+    steps recorded after that checkpoint are dropped, since they are trained again, and the resume's changes
+    (RESUME_RECORDS) are written into the recorded config. A run with no checkpoint starts again from step 0 with
+    its record emptied of steps. The caller holds the lock."""
     if cfg.resume:
         run_dir = Path(cfg.resume)
         start = load_newest_checkpoint(trainer, run_dir)
-        record = RunRecord.open(run_dir, truncate_after=start, sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
+        if cfg.steps < start:  # refused before the record would say steps=N of a run trained further
+            raise ConfigError(f"steps={cfg.steps}: {run_dir} is trained to step {start} already (checkpoint "
+                              f"step_{start}); give steps >= {start}", "steps")
+        given = cfg.to_dict()
+        record = RunRecord.open(run_dir, truncate_after=start, config_changes={k: given[k] for k in RESUME_RECORDS},
+                                sinks=make_sinks(cfg.report_to, run_dir, given))
+        if start == 0:  # a run killed right after its record was created may lack its problems
+            record.log_problems(problems)
         record.set_verifier(getattr(trainer.task, "version", ""), start + 1)
         return run_dir, record, start
     run_dir = run_path(cfg)
@@ -171,20 +213,26 @@ def open_run(cfg: Config, trainer: Trainer, problems) -> tuple[Path, RunRecord, 
 
 
 def load_newest_checkpoint(trainer: Trainer, run_dir: Path) -> int:
-    """Restore the newest checkpoint that loads; one that does not (a file damaged after it was written) is
-    reported and the one before it tried. Returns its step."""
+    """Restore the newest checkpoint that loads; one that does not (a file damaged after it was written, or one
+    holding more than tensors and plain data: see load_checkpoint_file) is reported and the one before it tried.
+    Returns its step; 0 for a run stopped before its first checkpoint, which the fresh trainer starts again (as
+    a new run of its config, the same)."""
     steps = checkpoint_steps(run_dir)
+    if not steps:
+        log.warning("resume=%s: the run stopped before its first checkpoint; starting it again from step 0", run_dir)
+        return 0
     for step in reversed(steps):
         path = run_dir / "checkpoints" / f"step_{step}"
         try:
-            trainer.load_state_dict(torch.load(path / STATE, weights_only=False))
+            trainer.load_state_dict(load_checkpoint_file(path / STATE, ("format",)))
             trainer.backend.load_checkpoint(path)
             return step
         except Exception as e:  # noqa: BLE001 - any damage: fall back to the previous checkpoint
-            log.warning("resume: %s does not load (%s: %s); trying the checkpoint before it", path,
-                        type(e).__name__, e)
-    raise FileNotFoundError(f"resume={run_dir}: no checkpoint in {run_dir / 'checkpoints'} loads"
-                            + (f" (tried steps {', '.join(map(str, reversed(steps)))})" if steps else ""))
+            why = one_line(e, with_type=not isinstance(e, CheckpointError))  # a CheckpointError names the file
+            log.warning("resume: %s does not load (%s); trying the checkpoint before it", path, why)
+    raise FileNotFoundError(f"resume={run_dir}: no checkpoint in {run_dir / 'checkpoints'} loads (tried steps "
+                            f"{', '.join(map(str, reversed(steps)))}); to train the run again from step 0, remove "
+                            f"{run_dir / 'checkpoints'} and resume")
 
 
 def rollouts_spent(run_dir: Path) -> int:
@@ -263,7 +311,7 @@ def close_run(record: RunRecord, lock, status: str) -> bool:
 def failure_message(run_dir: Path, error: Exception, marked: bool) -> str:
     steps = checkpoint_steps(run_dir)
     where = (f"`bapo train resume={run_dir}` continues it from checkpoint step_{steps[-1]}" if steps
-             else "it has no checkpoint to resume from (save_every=N writes some)")
+             else f"it has no checkpoint yet: `bapo train resume={run_dir}` starts it again from step 0")
     state = "is marked failed" if marked else "could not be marked failed (its record is not writable)"
     return f"training failed: {type(error).__name__}: {one_line(error)}; {run_dir} {state}; {where}"
 

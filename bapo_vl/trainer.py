@@ -8,8 +8,9 @@ from __future__ import annotations
 import logging
 import random
 import time
-from collections import Counter
+from collections import Counter, OrderedDict
 from dataclasses import dataclass, field
+from itertools import accumulate
 
 import torch
 
@@ -20,6 +21,9 @@ from bapo_vl.losses import grpo_advantages
 from bapo_vl.problem import Problem, Verdict
 
 log = logging.getLogger(__name__)
+# state_dict's layout. 2: tensors and plain data only (loads with weights_only=True); 1 (bapo-vl 0.1.0 before it)
+# pickled BapoState, which only an unpickler that may run code can read.
+STATE_FORMAT = 2
 
 
 class PromptSampler:
@@ -50,10 +54,51 @@ class PromptSampler:
         return [self.problems[i] for i in taken]
 
     def state_dict(self):
-        return {"epoch": self.epoch, "pos": self.pos, "order": list(self._order)}  # order: see next() at an epoch end
+        # order: see next() at an epoch end; a tensor, since a long list loads slowly without pickle (state_dict)
+        return {"epoch": self.epoch, "pos": self.pos, "order": torch.tensor(self._order, dtype=torch.int64)}
 
     def load_state_dict(self, state):
-        self.epoch, self.pos, self._order = state["epoch"], state["pos"], list(state["order"])
+        self.epoch, self.pos, self._order = state["epoch"], state["pos"], state["order"].tolist()
+
+
+def pack_groups(groups) -> dict:
+    """Buffered groups as tensors and plain data (Trainer.state_dict): each sample's tokens and behaviour log-probs
+    go into one flat tensor each (float64 holds a Python float exactly), since loading them as lists of Python
+    numbers without pickle takes about a microsecond a number. Problems are kept by uid; prompt encodings, which
+    buffers do not hold between steps, not at all."""
+    groups = list(groups)
+    samples = [s for g in groups for s in g.samples]
+    return {
+        "uids": [g.uid for g in groups], "steps": [g.step for g in groups], "versions": [g.version for g in groups],
+        "sources": [g.source for g in groups], "sizes": [len(g.samples) for g in groups],
+        "texts": [s.text for s in samples], "rewards": [s.reward for s in samples],
+        "verdicts": [s.verdict for s in samples],
+        "token_counts": [len(s.tokens) for s in samples],
+        "tokens": torch.tensor([t for s in samples for t in s.tokens], dtype=torch.int64),
+        "logprob_counts": [len(s.logprobs) for s in samples],
+        "logprobs": torch.tensor([x for s in samples for x in s.logprobs], dtype=torch.float64),
+    }
+
+
+def unpack_groups(packed: dict, problems: dict[str, Problem]) -> list[Group]:
+    """pack_groups' inverse; `problems` by uid (the task's training problems, as the run loads them again)."""
+    def split(flat: list, counts: list[int]) -> list[list]:
+        return [flat[end - n:end] for n, end in zip(counts, accumulate(counts))]
+
+    tokens = split(packed["tokens"].tolist(), packed["token_counts"])
+    logprobs = split(packed["logprobs"].tolist(), packed["logprob_counts"])
+    samples = [Sample(t, lp, text, reward, verdict) for t, lp, text, reward, verdict
+               in zip(tokens, logprobs, packed["texts"], packed["rewards"], packed["verdicts"])]
+    missing = [uid for uid in packed["uids"] if uid not in problems]
+    if missing:
+        raise ValueError(f"the checkpoint's buffers hold problem {missing[0]!r}, which the task no longer loads "
+                         "(its data changed since the checkpoint was written)")
+    groups, start = [], 0
+    for uid, step, version, source, size in zip(packed["uids"], packed["steps"], packed["versions"],
+                                                packed["sources"], packed["sizes"]):
+        groups.append(Group(problems[uid], samples[start:start + size], step, version, source))
+        start += size
+    return groups
 
 
 def verify_all(task, texts: list[str], answers: list) -> list[Verdict]:
@@ -256,11 +301,27 @@ class Trainer:
     # --- checkpoint state --------------------------------------------------------------------------------------
 
     def state_dict(self) -> dict:
-        return {"bapo": self.state, "sampler": self.sampler.state_dict(), "updates": self.updates,
+        """What the trainer carries between steps (buffers, thresholds, random and data state, versions) as tensors
+        and plain data only, so that a checkpoint loads with torch.load(weights_only=True), which runs no code."""
+        th = self.state.thresholds
+        return {"format": STATE_FORMAT, "bad": pack_groups(self.state.bad.groups.values()),
+                "high": pack_groups(self.state.high.groups.values()),
+                "thresholds": {"reward_sum": th.reward_sum, "reward_count": th.reward_count},
+                "rng": self.state.rng.getstate(), "sampler": self.sampler.state_dict(), "updates": self.updates,
                 "rollout_version": self.rollout_version, "backend": self.backend.state_dict()}
 
     def load_state_dict(self, state: dict):
-        self.state = state["bapo"]
+        """state_dict's inverse. Buffer capacities and thresholds' ranges come from the config, which a resumed run
+        shares with the one that wrote the state."""
+        if state.get("format") != STATE_FORMAT:
+            raise ValueError(f"trainer state of format {state.get('format')!r}; this bapo-vl reads format "
+                             f"{STATE_FORMAT}")
+        problems = {p.uid: p for p in self.sampler.problems}
+        self.state.bad.groups = OrderedDict((g.uid, g) for g in unpack_groups(state["bad"], problems))
+        self.state.high.groups = OrderedDict((g.uid, g) for g in unpack_groups(state["high"], problems))
+        self.state.thresholds.reward_sum = state["thresholds"]["reward_sum"]
+        self.state.thresholds.reward_count = state["thresholds"]["reward_count"]
+        self.state.rng.setstate(state["rng"])
         self.sampler.load_state_dict(state["sampler"])
         self.updates, self.rollout_version = state["updates"], state["rollout_version"]
         self.backend.load_state_dict(state["backend"])

@@ -210,7 +210,8 @@ def test_no_checkpoint_loads(run_copy, capsys):
     for step in (1, 2):
         (run_copy / "checkpoints" / f"step_{step}" / "state.pt").write_bytes(b"")
     err = refused(capsys, ["train", "--quiet", f"resume={run_copy}"])
-    assert err == f"bapo: resume={run_copy}: no checkpoint in {run_copy / 'checkpoints'} loads (tried steps 2, 1)"
+    assert err == (f"bapo: resume={run_copy}: no checkpoint in {run_copy / 'checkpoints'} loads (tried steps 2, 1); "
+                   f"to train the run again from step 0, remove {run_copy / 'checkpoints'} and resume")
     assert statuses(run_copy) == ("finished", [1, 2])  # the record is left as it was
 
 

@@ -437,16 +437,18 @@ def test_run_record_matches_the_metrics(recorded_run):
 
 
 def test_checkpoints_and_final_model(recorded_run, env):
-    # Could fail if checkpoints were skipped or left half-written folders, or final/ held other weights than the
-    # trainer's last state (or could not be loaded by transformers).
+    # Could fail if checkpoints were skipped or left half-written folders, if older ones were not pruned to the
+    # newest keep_checkpoints=2 (step_3 gone), if a checkpoint held more than tensors and plain data (it would not
+    # load with weights_only=True), or final/ held other weights than the trainer's last state (or could not be
+    # loaded by transformers).
     ckpt = recorded_run / "checkpoints"
-    assert sorted(p.name for p in ckpt.iterdir()) == ["step_3", "step_6", "step_8"]
-    assert all((ckpt / f"step_{t}" / n).is_file() for t in (3, 6, 8) for n in ("state.pt", "backend.pt"))
-    state = torch.load(ckpt / "step_8" / "state.pt", weights_only=False)
+    assert sorted(p.name for p in ckpt.iterdir()) == ["step_6", "step_8"]
+    assert all((ckpt / f"step_{t}" / n).is_file() for t in (6, 8) for n in ("state.pt", "backend.pt"))
+    state = torch.load(ckpt / "step_8" / "state.pt", weights_only=True)
     assert state["updates"] == read_run(recorded_run)["steps"][-1]["policy_version"]
     final = AutoModelForCausalLM.from_pretrained(recorded_run / "final")
     AutoTokenizer.from_pretrained(recorded_run / "final")
-    trained = torch.load(ckpt / "step_8" / "backend.pt", weights_only=False)["policy"]
+    trained = torch.load(ckpt / "step_8" / "backend.pt", weights_only=True)["policy"]
     assert all(torch.equal(v, trained[k]) for k, v in final.state_dict().items() if k in trained)
     initial = AutoModelForCausalLM.from_pretrained(env.model).state_dict()
     assert any(not torch.equal(v, initial[k]) for k, v in final.state_dict().items()), "training changed nothing"

@@ -9,6 +9,9 @@ Sequence layout shared by both: [left pad][prompt][response][right pad], every r
 """
 from __future__ import annotations
 
+import pickle
+import re
+import warnings
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,6 +140,43 @@ class Backend(Protocol):
 
 
 # --- shared by both backends --------------------------------------------------------------------------------------
+
+
+class CheckpointError(ValueError):
+    """A checkpoint file that does not load: missing, damaged, or holding more than tensors and plain data."""
+
+
+def load_checkpoint_file(path, required: tuple[str, ...] = ()) -> dict:
+    """The dict a checkpoint file holds, loaded with torch.load(weights_only=True): tensors and plain data only
+    (dicts, lists, tuples, numbers, strings). Unpickling any other object could run code (a tampered checkpoint is
+    a program), so such a file is refused, never run. Every failure is one CheckpointError line naming the file;
+    `required`: keys the dict must have, or it is some other program's file."""
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():  # torch warns of a foreign pickle protocol: the error below says it all
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"{path}: missing (the checkpoint folder is incomplete)") from e
+    except Exception as e:  # noqa: BLE001 - torch reports a cut or foreign file as RuntimeError, EOFError, ...
+        found = re.search(r"GLOBAL (\S+)", str(e)) if isinstance(e, pickle.UnpicklingError) else None
+        if found:  # what the file asked to build, as torch's message names it
+            why = ("a checkpoint of an earlier bapo-vl, which pickled its state: use that version for it"
+                   if found.group(1).startswith("bapo_vl.") else "a tampered or foreign file")
+            raise CheckpointError(f"{path}: refused: it holds {found.group(1)} besides tensors and plain data, and "
+                                  f"loading that could run code ({why})") from e
+        raise CheckpointError(f"{path}: damaged or not a checkpoint ({_first_sentence(e)})") from e
+    missing = [k for k in required if not (isinstance(state, dict) and k in state)]
+    if missing:
+        raise CheckpointError(f"{path}: not a bapo-vl checkpoint (no {', '.join(missing)})")
+    return state
+
+
+def _first_sentence(e: Exception) -> str:
+    if isinstance(e, pickle.UnpicklingError):  # torch's text is advice about weights_only, not about this file
+        return "not readable as tensors and plain data"
+    text = " ".join(str(e).split()).split(". ")[0][:160]
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
 @dataclass

@@ -22,7 +22,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from bapo_vl.backends.base import Policy, Response, UpdateBatch, old_logprobs, pack, right_pad
+from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatch, load_checkpoint_file, old_logprobs,
+                                   pack, right_pad)
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.engines import make_engine
 from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
@@ -33,6 +34,7 @@ from bapo_vl.workarounds import update_attention
 
 log = logging.getLogger(__name__)
 CHECKPOINT = "backend.pt"  # what save_checkpoint writes into a checkpoint folder
+CHECKPOINT_KEYS = ("policy", "optimizer", "rollout", "critic", "rng", "torch_rng", "cuda_rng")
 LOGIT_ROWS = 512  # response tokens whose full-vocabulary logits are materialised at once (x V floats each)
 
 
@@ -78,6 +80,16 @@ def _by_length(idx: list[int], prompts: list[dict], responses: list) -> list[int
 def _chunks(items, size):
     for i in range(0, len(items), size):
         yield items[i:i + size]
+
+
+def load_into(target, state: dict, file: Path, what: str) -> None:
+    """target.load_state_dict(state) for a model or optimizer; state of another model (other shapes or names) is
+    one CheckpointError line naming the file, not torch's listing of every key."""
+    try:
+        target.load_state_dict(state)
+    except (RuntimeError, TypeError, ValueError, KeyError) as e:
+        reason = " ".join(str(e).split())[:160]
+        raise CheckpointError(f"{file}: its {what} does not fit this run's model ({type(e).__name__}: {reason})") from e
 
 
 class EmbeddedBackend:
@@ -380,7 +392,8 @@ class EmbeddedBackend:
 
     def save_checkpoint(self, path, step: int):
         """pi_theta, its optimizer, alpha, the critic and every random state this backend draws from, in
-        path/backend.pt."""
+        path/backend.pt: tensors and plain data only (random.Random's state is a tuple of ints), so that it loads
+        with weights_only=True."""
         torch.save({"policy": self.policy.state_dict(), "optimizer": self.optimizer.state_dict(),
                     "rollout": None if self.rollout is self.policy else self.rollout.state_dict(),
                     "critic": None if self.critic is None else (self.critic.state_dict(),
@@ -390,17 +403,18 @@ class EmbeddedBackend:
                    Path(path) / CHECKPOINT)
 
     def load_checkpoint(self, path):
-        state = torch.load(Path(path) / CHECKPOINT, map_location="cpu", weights_only=False)
-        self.policy.load_state_dict(state["policy"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        file = Path(path) / CHECKPOINT
+        state = load_checkpoint_file(file, CHECKPOINT_KEYS)
+        load_into(self.policy, state["policy"], file, "policy")
+        load_into(self.optimizer, state["optimizer"], file, "optimizer")
         if state["rollout"] is not None and self.rollout is not self.policy:
-            self.rollout.load_state_dict(state["rollout"])
+            load_into(self.rollout, state["rollout"], file, "rollout policy")
         self.engine.load_weights(self.rollout.state_dict())
         if self.critic is not None:
             if state["critic"] is None:
                 raise ValueError(f"{path}: this checkpoint has no critic: it was not trained with critic=True (BA-PPO)")
-            self.critic.load_state_dict(state["critic"][0])
-            self.critic_optimizer.load_state_dict(state["critic"][1])
+            load_into(self.critic, state["critic"][0], file, "critic")
+            load_into(self.critic_optimizer, state["critic"][1], file, "critic optimizer")
         self.rng.setstate(state["rng"])
         torch.set_rng_state(state["torch_rng"])
         if state["cuda_rng"] is not None and torch.cuda.is_available():
@@ -408,8 +422,8 @@ class EmbeddedBackend:
 
     def load_policy(self, path):
         """pi_theta's weights only (for `bapo eval` of a checkpoint); alpha follows when it is the same model."""
-        state = torch.load(Path(path) / CHECKPOINT, map_location="cpu", weights_only=False)
-        self.policy.load_state_dict(state["policy"])
+        file = Path(path) / CHECKPOINT
+        load_into(self.policy, load_checkpoint_file(file, ("policy",))["policy"], file, "policy")
         self.sync()
 
     def state_dict(self) -> dict:

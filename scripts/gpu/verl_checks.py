@@ -147,8 +147,8 @@ def run(cfg, vcfg) -> int:
         actor_same = max(float((a - b).abs().max()) for a, b in zip(after, before))
         restored = probe(cfg.steps, "after checkpoint load")
         verdict("resume", actor_same < 1e-6 and restored["gap_alpha"] < TOLERANCE
-                and list(trainer.state.bad.groups) == list(state["bapo"].bad.groups)
-                and list(trainer.state.high.groups) == list(state["bapo"].high.groups),
+                and list(trainer.state.bad.groups) == state["bad"]["uids"]
+                and list(trainer.state.high.groups) == state["high"]["uids"],
                 actor_max_diff=actor_same, engine_gap_alpha_before=engine_gap_before,
                 engine_gap_alpha_after=restored["gap_alpha"], bad=len(trainer.state.bad), high=len(trainer.state.high))
     return 0 if ok else 1
