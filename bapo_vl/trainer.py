@@ -241,11 +241,11 @@ class Trainer:
             rewards=tuple(tuple(g.rewards) for g in batch),
             advantages=None if adv is None else tuple(tuple(row) for row in adv.tolist()), step=step)
         t0 = time.perf_counter()
-        metrics = self.backend.update(update)
+        result = self.backend.update(update)
         self.timings["train"] += time.perf_counter() - t0
-        if metrics.get("optimizer_steps", 0) > 0:  # none: the backend could train on none of the batch (verl trims)
+        if result.changed:  # not always: the backend may train on none of the batch (verl trims)
             self.updates += 1
-        return metrics
+        return dict(result.metrics)
 
     # --- one step (Algorithm 1) --------------------------------------------------------------------------------
 

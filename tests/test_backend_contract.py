@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from bapo_vl.backends.base import UPDATE_METRICS, Backend, Response, UpdateBatch
+from bapo_vl.backends.base import UPDATE_METRICS, Backend, Response, UpdateBatch, UpdateResult
 from bapo_vl.backends.embedded import EmbeddedBackend
 from bapo_vl.config import load_config
 from bapo_vl.plugins import get_task
@@ -87,7 +87,9 @@ def test_update_returns_every_metric_as_a_float(kind, model_dir, tmp_path):
     rewards = tuple(tuple(float(j % 2) for j in range(G)) for _ in problems)
     advantages = tuple(tuple(1.0 if w else -1.0 for w in ws) for ws in rewards)
     batch = UpdateBatch(tuple(prompts), tuple(tuple(g) for g in responses), rewards, advantages, step=1)
-    metrics = backend.update(batch)
+    result = backend.update(batch)
+    assert isinstance(result, UpdateResult) and result.changed
+    metrics = result.metrics
     missing = set(UPDATE_METRICS) - set(metrics)
     assert not missing, f"{kind} dropped {sorted(missing)}"
     for name in UPDATE_METRICS:
@@ -95,6 +97,25 @@ def test_update_returns_every_metric_as_a_float(kind, model_dir, tmp_path):
         assert type(metrics[name]) is kind_of and math.isfinite(metrics[name]), (name, metrics[name])
     assert metrics["grad_norm"] > 0 and metrics["entropy"] > 0 and metrics["kl"] >= 0
     assert metrics["optimizer_steps"] == 1 and metrics["lr"] == cfg.lr  # 4 groups <= mini_batch_size, no schedule
+
+
+def test_the_update_result_is_checked_and_frozen():
+    # Could fail if a backend could say the policy changed without its metrics (the record would miss them), say
+    # "changed" without an optimizer step (the trainer would count a policy version that does not exist), or a
+    # caller could alter a result after the fact.
+    full = {k: 1 if k == "optimizer_steps" else 0.5 for k in UPDATE_METRICS}
+    result = UpdateResult(changed=True, metrics=full)
+    with pytest.raises(TypeError):
+        result.metrics["loss"] = 0.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        result.changed = False
+    with pytest.raises(ValueError, match="must report grad_norm"):
+        UpdateResult(changed=True, metrics={k: v for k, v in full.items() if k != "grad_norm"})
+    with pytest.raises(ValueError, match="optimizer_steps=0"):
+        UpdateResult(changed=True, metrics=full | {"optimizer_steps": 0})
+    with pytest.raises(ValueError, match="changed=False"):
+        UpdateResult(changed=False, metrics=full)
+    assert not UpdateResult(changed=False, metrics={"trimmed_groups": 3}).changed
 
 
 def test_the_update_batch_is_checked_and_frozen():

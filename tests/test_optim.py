@@ -65,12 +65,12 @@ def test_embedded_update_takes_near_equal_optimizer_steps_at_the_scheduled_lr(mo
     backward = backend._backward
     backend._backward = lambda micro, *a, **kw: (sequences.append(len(micro)), backward(micro, *a, **kw))[1]
     backend.optimizer.register_step_pre_hook(lambda opt, *_: at_step.append((sum(sequences), opt.param_groups[0]["lr"])))
-    metrics = backend.update(_batch(backend, 5, step=1))
+    metrics = backend.update(_batch(backend, 5, step=1)).metrics
     assert metrics["optimizer_steps"] == 2 and metrics["skipped_steps"] == 0
     per_step = [at_step[0][0], at_step[1][0] - at_step[0][0]]
     assert sorted(per_step) == [2 * G, 3 * G]
     assert metrics["lr"] == pytest.approx(cfg.lr * 0.5) and all(lr == metrics["lr"] for _, lr in at_step)
-    metrics = backend.update(_batch(backend, 8, step=4))  # after warm-up: linear decay, (4 - 2) / (6 - 2) of the way
+    metrics = backend.update(_batch(backend, 8, step=4)).metrics  # after warm-up: linear decay, (4 - 2) / (6 - 2) of the way
     assert metrics["optimizer_steps"] == 2 and metrics["lr"] == pytest.approx(cfg.lr * 0.5)
 
 

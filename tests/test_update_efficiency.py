@@ -167,14 +167,14 @@ def test_a_non_finite_gradient_skips_the_optimizer_step_and_keeps_the_weights(tm
     name, param = next(iter(backend.policy.named_parameters()))
     hook = param.register_hook(lambda g: g * float("nan"))
     with caplog.at_level("WARNING"):
-        metrics = backend.update(batch)
+        metrics = backend.update(batch).metrics
     hook.remove()
     assert metrics["skipped_steps"] == 1 and metrics["grad_norm"] != metrics["grad_norm"]  # NaN
     assert "step 7" in caplog.text and f"{'.'.join(name.split('.')[:2])} 1/" in caplog.text
     after = backend.policy.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)  # nothing moved, nothing became NaN
 
-    metrics = backend.update(batch)
+    metrics = backend.update(batch).metrics
     assert metrics["skipped_steps"] == 0 and metrics["grad_norm"] > 0
     after = backend.policy.state_dict()
     assert all(torch.isfinite(v).all() for v in after.values())
@@ -204,11 +204,11 @@ def test_the_update_attends_without_cudnn_where_it_is_broken_and_leaves_the_sett
     backend.generate(prompts, 2)
     assert allowed and all(cudnn for cudnn, *_ in allowed)  # generation keeps the defaults
     allowed.clear()
-    assert backend.update(batch)["grad_norm"] > 0
+    assert backend.update(batch).metrics["grad_norm"] > 0
     assert len(allowed) >= 2 * 2 and all(cudnn for cudnn, *_ in allowed)  # on CPU the workaround stays off
     allowed.clear()
     monkeypatch.setattr(bapo_vl.workarounds, "cudnn_attention_backward_broken", lambda device: True)
-    assert backend.update(batch)["grad_norm"] > 0
+    assert backend.update(batch).metrics["grad_norm"] > 0
     assert len(allowed) >= 2 * 2 and all(not cudnn and flash and efficient for cudnn, flash, efficient in allowed)
     assert torch.backends.cuda.cudnn_sdp_enabled()
 

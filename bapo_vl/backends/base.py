@@ -13,9 +13,10 @@ import pickle
 import re
 import warnings
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Literal, Protocol, runtime_checkable
+from types import MappingProxyType
+from typing import Any, Callable, Literal, Mapping, Protocol, runtime_checkable
 
 import torch
 
@@ -35,8 +36,26 @@ UPDATE_METRICS: dict[str, str] = {
     "optimizer_steps": "optimizer steps taken on this batch (mini-batches x epochs, less any skipped)",
     "lr": "the learning rate of this step's optimizer steps",
 }
-"""What every backend's `update` returns (python floats; optimizer_steps an int), named as the run record's
-columns. A backend may return more (its own names); these are checked by the contract test."""
+"""The metrics of every update that changed the policy (python floats; optimizer_steps an int), named as the run
+record's columns. A backend may return more (its own names); these are checked by UpdateResult."""
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """What one `update` did. `changed`: pi_theta took at least one optimizer step (the trainer counts a new policy
+    version); `metrics` (read-only): UPDATE_METRICS and the backend's own when it changed, possibly only the backend's
+    own (e.g. verl's trimmed_groups) when it did not."""
+
+    changed: bool
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self):
+        object.__setattr__(self, "metrics", MappingProxyType(dict(self.metrics)))
+        missing = [k for k in UPDATE_METRICS if k not in self.metrics] if self.changed else []
+        if missing:
+            raise ValueError(f"an update that changed the policy must report {', '.join(missing)}")
+        if self.changed != (self.metrics.get("optimizer_steps", 0) > 0):
+            raise ValueError(f"changed={self.changed} but optimizer_steps={self.metrics.get('optimizer_steps', 0)}")
 
 
 @dataclass(frozen=True)
@@ -117,9 +136,9 @@ class Backend(Protocol):
     def sync(self) -> None:
         """alpha <- pi_theta (the trainer calls it when t % v == 0)."""
 
-    def update(self, batch: UpdateBatch) -> dict[str, float]:
-        """One clipped policy update on the batch, against its stored behaviour log-probs; returns at least
-        UPDATE_METRICS, or none of them when it could train on none of the batch (pi_theta unchanged)."""
+    def update(self, batch: UpdateBatch) -> UpdateResult:
+        """One clipped policy update on the batch, against its stored behaviour log-probs: whether pi_theta changed
+        (it may train on none of the batch: verl trims to whole mini-batches) and the update's metrics."""
 
     def state_dict(self) -> dict:
         """Small bookkeeping that travels in the trainer's checkpoint (not weights)."""

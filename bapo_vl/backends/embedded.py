@@ -22,8 +22,8 @@ import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
-from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatch, load_checkpoint_file, old_logprobs,
-                                   pack, right_pad)
+from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatch, UpdateResult, load_checkpoint_file,
+                                   old_logprobs, pack, right_pad)
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.engines import make_engine
 from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
@@ -275,13 +275,14 @@ class EmbeddedBackend:
 
     # --- update ----------------------------------------------------------------------------------------------
 
-    def update(self, batch: UpdateBatch) -> dict:
+    def update(self, batch: UpdateBatch) -> UpdateResult:
         self.engine.sleep()  # a colocated engine hands its memory to the update
         try:
             with update_attention(self.device):  # bapo_vl.workarounds: cuDNN's attention backward
-                return self._update(batch)
+                metrics = self._update(batch)
         finally:
             self.engine.wake()
+        return UpdateResult(changed=metrics.get("optimizer_steps", 0) > 0, metrics=metrics)
 
     def _update(self, batch: UpdateBatch) -> dict:
         """PPO-style update in ceil(n / mini_batch_size) near-equal mini-batches of the n groups (optim.mini_batches),

@@ -43,7 +43,8 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from bapo_vl.backends.base import UPDATE_METRICS, Policy, Response, UpdateBatch, old_logprobs, pack, right_pad
+from bapo_vl.backends.base import (UPDATE_METRICS, Policy, Response, UpdateBatch, UpdateResult, old_logprobs, pack,
+                                   right_pad)
 from bapo_vl.backends.verl_data import problem_to_row
 from bapo_vl.problem import Problem
 
@@ -325,14 +326,14 @@ class VerlBackend:
                      "old_log_probs": old, "advantages": adv},
             non_tensors=non_tensors, meta_info=meta)
 
-    def update(self, batch: UpdateBatch) -> dict:
+    def update(self, batch: UpdateBatch) -> UpdateResult:
         if batch.advantages is None:
             raise VerlConfigError("the verl backend needs the trainer's advantages (critic=True is embedded-only)")
         self.step = batch.step
         keep = trainable_groups(len(batch), self.cfg.group_size, self.mini_batch_size, self.dp_size, self.micro_per_gpu)
         metrics = {"trimmed_groups": len(batch) - keep}
         if keep == 0:
-            return metrics
+            return UpdateResult(changed=False, metrics=metrics)
         data = self.batch_to_dataproto(batch.select(list(range(keep))))
         behaviour = data.batch["old_log_probs"]
         old, is_w = old_logprobs(behaviour, self.cfg.tis_threshold,
@@ -347,7 +348,7 @@ class VerlBackend:
         self.alpha_stale = True
         verl_metrics = {k: float(np.mean(v)) if isinstance(v, (list, tuple, np.ndarray)) else float(v)
                         for k, v in (out.meta_info.get("metrics", {}) if out is not None else {}).items()}
-        return metrics | verl_metrics | self._record_names(verl_metrics)
+        return UpdateResult(changed=True, metrics=metrics | verl_metrics | self._record_names(verl_metrics))
 
     def _record_names(self, verl_metrics: dict) -> dict:
         """UPDATE_METRICS from verl's names; kl is 0.0 without a KL term (as on the embedded backend)."""
