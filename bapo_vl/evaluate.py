@@ -41,7 +41,7 @@ import yaml
 from bapo_vl.backends.base import Backend
 from bapo_vl.config import FIELDS as CONFIG_FIELDS
 from bapo_vl.config import PRESET_DIR, Config, load_config
-from bapo_vl.plugins import Task, accepts, get_task
+from bapo_vl.plugins import Task, accepts, check_load_options, get_task
 from bapo_vl.problem import Problem, Verdict
 from bapo_vl.record import DB_NAME, SCHEMA_VERSION, RunRecord, not_writable, query_ro, read_meta
 
@@ -234,7 +234,7 @@ def load_backend(cfg: Config, checkpoint: Path | None) -> Backend:
 
     backend = EmbeddedBackend(cfg)
     if checkpoint is not None:
-        backend.load_policy(checkpoint)
+        backend.load_checkpoint(checkpoint, policy_only=True)
     return backend
 
 
@@ -245,6 +245,7 @@ def load_sets(task: Task, splits: list[str], options: dict, limit: int | None) -
     """{split: problems}; `limit` keeps the first N of each (and goes to load() when it takes `limit`)."""
     if limit is not None and accepts(task.load, split="x", limit=limit):
         options = {**options, "limit": limit}
+    check_load_options(task, options, "--option")
     sets = {}
     for split in splits:
         problems = task.load(split=split, **options)
@@ -342,6 +343,10 @@ class Setup:
 def setup(opts: EvalOptions) -> Setup:
     """Resolve the policy, the task and its sets, and the config, as `bapo eval` does (nothing loaded yet)."""
     model, checkpoint_dir, run_config, run_dir = resolve_policy(opts.model, opts.checkpoint)
+    if run_dir is None:  # a run's own model was checked when it trained
+        from bapo_vl.train import check_model
+
+        check_model(model, key="")
     task_name = opts.task or run_config.get("task")
     if not task_name:
         raise ValueError(f"{opts.model} is not a run directory: name the task with --task")

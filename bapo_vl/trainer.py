@@ -23,7 +23,7 @@ from bapo_vl.problem import Problem, Verdict
 log = logging.getLogger(__name__)
 # state_dict's layout. 2: tensors and plain data only (loads with weights_only=True); 1 (bapo-vl 0.1.0 before it)
 # pickled BapoState, which only an unpickler that may run code can read.
-STATE_FORMAT = 2
+STATE_FORMAT = 3
 
 
 class PromptSampler:
@@ -308,7 +308,7 @@ class Trainer:
                 "high": pack_groups(self.state.high.groups.values()),
                 "thresholds": {"reward_sum": th.reward_sum, "reward_count": th.reward_count},
                 "rng": self.state.rng.getstate(), "sampler": self.sampler.state_dict(), "updates": self.updates,
-                "rollout_version": self.rollout_version, "backend": self.backend.state_dict()}
+                "rollout_version": self.rollout_version}
 
     def load_state_dict(self, state: dict):
         """state_dict's inverse. Buffer capacities and thresholds' ranges come from the config, which a resumed run
@@ -324,4 +324,3 @@ class Trainer:
         self.state.rng.setstate(state["rng"])
         self.sampler.load_state_dict(state["sampler"])
         self.updates, self.rollout_version = state["updates"], state["rollout_version"]
-        self.backend.load_state_dict(state["backend"])

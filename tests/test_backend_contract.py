@@ -44,7 +44,9 @@ def test_each_backend_declares_the_whole_contract(kind, model_dir, tmp_path):
     # Could fail if a backend lacked a method or named / ordered its parameters otherwise than the Protocol.
     backend = BACKENDS[kind](make_cfg(model_dir, tmp_path))
     assert isinstance(backend, Backend)
-    assert {"encode", "generate", "update", "sync", "save_checkpoint", "load_policy"} <= set(PROTOCOL_METHODS)
+    assert {"encode", "generate", "update", "sync", "save_checkpoint", "load_checkpoint"} <= set(PROTOCOL_METHODS)
+    # persistence is one pair (plus the Hugging Face export): no state to thread through the trainer's checkpoint
+    assert not {"state_dict", "load_state_dict", "load_policy"} & set(PROTOCOL_METHODS)
     for name in PROTOCOL_METHODS:
         want = list(inspect.signature(getattr(Backend, name)).parameters)[1:]
         got = list(inspect.signature(getattr(backend, name)).parameters)

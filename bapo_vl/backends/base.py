@@ -140,19 +140,13 @@ class Backend(Protocol):
         """One clipped policy update on the batch, against its stored behaviour log-probs: whether pi_theta changed
         (it may train on none of the batch: verl trims to whole mini-batches) and the update's metrics."""
 
-    def state_dict(self) -> dict:
-        """Small bookkeeping that travels in the trainer's checkpoint (not weights)."""
-
-    def load_state_dict(self, state: dict) -> None: ...
-
     def save_checkpoint(self, path: Path, step: int) -> None:
-        """Weights, optimizer and random state of step `step` into the (new, empty) folder `path`."""
+        """Everything this backend needs to go on exactly as it was after step `step` (weights, optimizer, random
+        state, its bookkeeping) into the (new, empty) folder `path`."""
 
-    def load_checkpoint(self, path: Path) -> None:
-        """Everything `save_checkpoint` wrote (call after load_state_dict)."""
-
-    def load_policy(self, path: Path) -> None:
-        """Only pi_theta's weights from a checkpoint folder written by `save_checkpoint` (evaluation)."""
+    def load_checkpoint(self, path: Path, policy_only: bool = False) -> None:
+        """Everything `save_checkpoint` wrote; policy_only: pi_theta's weights alone, which the rollout engine then
+        generates with (evaluation of a checkpoint)."""
 
     def save_pretrained(self, path: Path) -> None:
         """pi_theta in Hugging Face format (from_pretrained loads it)."""

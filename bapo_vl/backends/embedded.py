@@ -403,8 +403,12 @@ class EmbeddedBackend:
                     "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
                    Path(path) / CHECKPOINT)
 
-    def load_checkpoint(self, path):
+    def load_checkpoint(self, path, policy_only: bool = False):
         file = Path(path) / CHECKPOINT
+        if policy_only:  # alpha follows when it is the same model
+            load_into(self.policy, load_checkpoint_file(file, ("policy",))["policy"], file, "policy")
+            self.sync()
+            return
         state = load_checkpoint_file(file, CHECKPOINT_KEYS)
         load_into(self.policy, state["policy"], file, "policy")
         load_into(self.optimizer, state["optimizer"], file, "optimizer")
@@ -421,15 +425,3 @@ class EmbeddedBackend:
         if state["cuda_rng"] is not None and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(state["cuda_rng"])
 
-    def load_policy(self, path):
-        """pi_theta's weights only (for `bapo eval` of a checkpoint); alpha follows when it is the same model."""
-        file = Path(path) / CHECKPOINT
-        load_into(self.policy, load_checkpoint_file(file, ("policy",))["policy"], file, "policy")
-        self.sync()
-
-    def state_dict(self) -> dict:
-        """Nothing: this backend's weights and random state travel in save_checkpoint's file."""
-        return {}
-
-    def load_state_dict(self, state: dict):
-        pass

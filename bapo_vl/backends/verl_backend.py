@@ -35,8 +35,10 @@ and the number dropped is reported as `trimmed_groups`.
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import time
+from pathlib import Path
 from collections import Counter
 from types import SimpleNamespace
 
@@ -53,6 +55,7 @@ log = logging.getLogger(__name__)
 ROW_KEYS = ("raw_prompt", "data_source", "reward_model", "extra_info", "index", "tools_kwargs",
             "interaction_kwargs", "uid")
 ALPHA, CURRENT = "bapo_alpha", "bapo_current"  # keys of the CPU snapshots in the actor workers
+BOOKKEEPING = "verl_backend.json"  # in a checkpoint folder: alpha_stale, step, calls
 # The record's names (base.UPDATE_METRICS) <- the names verl's actor returns them under (RayPPOTrainer._update_actor
 # prefixes the worker's metrics with actor/; our balanced_clip plugin reports actor/clip_frac). First present wins.
 VERL_METRICS = {
@@ -365,28 +368,29 @@ class VerlBackend:
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 
-    def state_dict(self) -> dict:
-        """Backend bookkeeping; the weights go through verl's checkpointing (`save_checkpoint`)."""
-        return {"alpha_stale": self.alpha_stale, "step": self.step, "calls": list(self.calls)}
-
-    def load_state_dict(self, state: dict):
-        self.alpha_stale, self.step, self.calls = state["alpha_stale"], state["step"], list(state["calls"])
-
     def save_checkpoint(self, path, step: int):
         """verl checkpoint of pi_theta (+ optimizer) in path/actor and, while alpha is stale, of alpha's weights in
-        path/alpha (restored from the CPU snapshot), so a resumed run generates with the same alpha."""
+        path/alpha (restored from the CPU snapshot), so a resumed run generates with the same alpha; this backend's
+        bookkeeping in path/verl_backend.json."""
         self.actor.save_checkpoint(f"{path}/actor", global_step=step)
         if self.snapshots and self.alpha_stale:
             self.actor.save_model_to_cpu(CURRENT)
             self.actor.restore_model_from_cpu(ALPHA)
             self.actor.save_checkpoint(f"{path}/alpha", global_step=step)
             self.actor.restore_model_from_cpu(CURRENT)
+        Path(path, BOOKKEEPING).write_text(json.dumps({"alpha_stale": self.alpha_stale, "step": self.step,
+                                                       "calls": list(self.calls)}))
 
-    def load_checkpoint(self, path):
-        """Inverse of save_checkpoint (call after load_state_dict): engine <- alpha, actor <- pi_theta."""
-        import os
-
-        if self.snapshots and os.path.isdir(f"{path}/alpha"):
+    def load_checkpoint(self, path, policy_only: bool = False):
+        """Inverse of save_checkpoint: engine <- alpha, actor <- pi_theta. policy_only: pi_theta from path/actor,
+        pushed to the engine (it generates with it from now on)."""
+        if policy_only:
+            self.actor.load_checkpoint(f"{path}/actor")
+            self.sync()
+            return
+        state = json.loads(Path(path, BOOKKEEPING).read_text())
+        self.alpha_stale, self.step, self.calls = state["alpha_stale"], state["step"], list(state["calls"])
+        if self.snapshots and Path(path, "alpha").is_dir():
             self.actor.load_checkpoint(f"{path}/alpha")
         else:
             self.actor.load_checkpoint(f"{path}/actor")
@@ -394,11 +398,6 @@ class VerlBackend:
         if self.snapshots:
             self.actor.save_model_to_cpu(ALPHA)
         self.actor.load_checkpoint(f"{path}/actor")
-
-    def load_policy(self, path):
-        """pi_theta from a checkpoint folder, pushed to the engine (it generates with it from now on)."""
-        self.actor.load_checkpoint(f"{path}/actor")
-        self.sync()
 
     def save_pretrained(self, path):
         """pi_theta in Hugging Face format: verl's actor checkpoint in path/actor, merged into path by verl's own
