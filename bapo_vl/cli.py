@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import socket
 import sys
 import traceback
 
@@ -18,7 +20,7 @@ INPUT_ERRORS = (ValueError, KeyError, FileNotFoundError, PluginError)
 
 def cmd_train(args) -> int:
     from bapo_vl.config import load_config
-    from bapo_vl.train import train
+    from bapo_vl.train import learning_summary, train
 
     resume = [o.partition("=")[2] for o in args.overrides if o.partition("=")[0].strip() == "resume"]
     if resume:  # a resumed run takes its recorded config; presets and files would silently change it
@@ -31,6 +33,7 @@ def cmd_train(args) -> int:
         cfg = load_config(args.preset, args.config, args.overrides)
     cfg.tasks_dirs = [*cfg.tasks_dirs, *_tasks_dirs(args)]  # --tasks-dir
     run_dir = train(cfg, quiet=args.quiet)
+    print(learning_summary(run_dir))
     print(f"run record: {run_dir / 'run.db'}\nfinal policy: {run_dir / 'final'}\n"
           f"inspect: bapo runs show {run_dir}")
     return 0
@@ -102,6 +105,27 @@ def cmd_eval(args) -> int:
     return run(EvalOptions(**given), as_json=args.json, out=args.out)
 
 
+def check_port(host: str, port: int | None) -> None:
+    """The dashboard's --port, checked before Gradio loads: a number a port can be, and free on --host (Gradio
+    would answer a port in use with advice about its own environment variable)."""
+    if port is None:
+        return
+    if not 1 <= port <= 65535:
+        raise ValueError(f"--port {port}: a port is a number from 1 to 65535; choose one, or leave --port out "
+                         "(7860, or the next free port)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    except OSError:
+        raise ValueError(f"--host {host}: not an address this machine has; give one, e.g. 127.0.0.1") from None
+    with socket.socket(family, kind, proto) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server will: a closed port counts as free
+        try:
+            s.bind(address)
+        except OSError as e:
+            raise ValueError(f"--port {port}: cannot listen on {host}:{port} ({e.strerror.lower()}); choose another "
+                             "--port, or leave it out (7860, or the next free port)") from None
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="bapo", description="BAPO: off-policy RLVR with batch adaptation")
     debug_help = "on an error, print the traceback too (default: one line naming what to fix)"
@@ -165,7 +189,14 @@ def main(argv=None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:
-        return args.fn(args)
+        if args.command == "dashboard":
+            check_port(args.host, args.port)
+        code = args.fn(args)
+        sys.stdout.flush()  # here, not at exit: a reader that left (`| head`) is handled below
+        return code
+    except BrokenPipeError:  # the reader of our output left (`--json | head`): nothing to say, no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
+        return 141  # as a tool stopped by SIGPIPE
     except KeyboardInterrupt:
         print("bapo: interrupted", file=sys.stderr)
         return 130

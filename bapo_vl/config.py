@@ -25,6 +25,13 @@ PRESET_DIR = Path(__file__).parent / "presets"
 SHARED_LOSS_FIELDS = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "agg", "bac_reduce"}
 
 
+def shorten(value, limit: int = 60) -> str:
+    """A value as an error message shows it: its repr, cut with its length said when it is long (a pasted file
+    is not echoed whole)."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(str(value)):,} characters)"
+
+
 def one_line(e: BaseException, with_type: bool = False) -> str:
     """The error as one line: a KeyError's message unquoted, line breaks joined; `with_type` names its class."""
     text = e.args[0] if type(e) is KeyError and len(e.args) == 1 and isinstance(e.args[0], str) else str(e)
@@ -359,7 +366,8 @@ def check_field(f: dataclasses.Field, value):
         value = CONVERT[kind](value, items)
     except (TypeError, ValueError, OverflowError):
         example = f"; e.g. {f.name}=[{value}]" if kind == "list" and isinstance(value, str) else ""
-        raise ConfigError(f"{f.name}={value!r}: must be {TYPE_WORDS[kind]}{' or null' if optional else ''}{example}",
+        or_null = " or null" if optional else ""
+        raise ConfigError(f"{f.name}={shorten(value)}: must be {TYPE_WORDS[kind]}{or_null}{example}",
                           f.name) from None
     accepted, hint = f.metadata.get("accepted"), f.metadata.get("hint")
     each = isinstance(value, (list, tuple))
@@ -378,7 +386,7 @@ def check_run_name(name: str | None) -> None:
     takes (too long, NUL) is refused here, with one line, rather than by the OS once the run is being written."""
     if not name:
         return
-    shown = repr(name) if len(name) <= 60 else f"{name[:40]!r}... ({len(name)} characters)"
+    shown = shorten(name)
     if "/" in name or "\\" in name or name in (".", ".."):
         raise ConfigError(f"name={shown}: a run name is a plain folder name, without / or \\ and not . or ..; choose "
                           "where runs go with run_dir=", "name")
@@ -437,10 +445,13 @@ def as_override(value) -> str:
 def config_help() -> str:
     """Every Config field with its default and doc, grouped by section (the epilog of `bapo train --help`)."""
     docs, sections = field_docs(), _attribute_docs(Config)[1]
-    rows = [(sections[f.name], f"{f.name}={as_override(field_default(f))}", docs.get(f.name, ""))
+    tiny = read_config_file(PRESET_DIR / "tiny.yaml")  # what a plain `bapo train` runs
+    rows = [(sections[f.name], f"{f.name}={as_override(field_default(f))}",
+             (f"[tiny: {as_override(tiny[f.name])}] " if f.name in tiny else "") + docs.get(f.name, ""))
             for f in dataclasses.fields(Config)]
     width = min(max(len(key) for _, key, _ in rows), 32)
-    out = ["config fields, key=value, with Config's defaults (the preset, tiny unless --preset, and algo= change some):"]
+    out = ["config fields, key=value, with Config's defaults. A plain `bapo train` runs the tiny preset, which sets "
+           "those marked [tiny: ...] (e.g. steps=60 batch_size=32); --preset picks another, algo= changes some more:"]
     section = None
     for row_section, key, doc in rows:
         if row_section != section:
@@ -454,7 +465,7 @@ def config_help() -> str:
 
 def unknown_key(key: str, where: str = "") -> UnknownKey:
     close = difflib.get_close_matches(key, FIELDS, n=3)
-    return UnknownKey(f"{where}unknown config key {key!r}"
+    return UnknownKey(f"{where}unknown config key {shorten(key)}"
                       + (f"; did you mean {' or '.join(close)}?" if close else "; `bapo train --help` lists them"), key)
 
 
@@ -471,8 +482,11 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
         try:
             pairs.append((key, yaml.safe_load(text)))
         except yaml.YAMLError as e:
-            raise ConfigError(f"{item}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
+            raise ConfigError(f"{shorten(item)}: the value is not valid YAML ({getattr(e, 'problem', None) or e}); "
                               f"quote it, e.g. {key}='...'", key) from None
+        except ValueError:  # YAML reads a number of more than 4,300 digits with int(), which refuses it
+            raise ConfigError(f"{key}={shorten(text)}: not a number any field takes; give a value as "
+                              "`bapo train --help` lists for it", key) from None
     return pairs
 
 
@@ -487,6 +501,9 @@ def read_config_file(path: Path) -> dict:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{path}: not valid YAML{where}: {getattr(e, 'problem', None) or e}") from None
+    except ValueError:  # a number of more than 4,300 digits (see parse_overrides)
+        raise ConfigError(f"{path}: holds a number too long to read; give each field a value "
+                          "`bapo train --help` lists for it") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -12,8 +12,14 @@ log = logging.getLogger(__name__)
 
 def read_rows(path: Path) -> list:
     """Rows of a .jsonl, .json (an array, or JSON lines) or .parquet file; an unreadable line becomes an Exception
-    in its place, so row numbers stay those of the file."""
-    path = Path(path)
+    in its place, so row numbers stay those of the file. A file without rows is an error naming it."""
+    rows = _read_rows(Path(path))
+    if not rows:
+        raise ValueError(f"{path}: the file holds no rows; give a data file with one problem per row")
+    return rows
+
+
+def _read_rows(path: Path) -> list:
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
         try:

@@ -85,6 +85,18 @@ def accepts(fn, *args, **kwargs) -> bool:
     return True
 
 
+def check_load_options(task: Task, options: dict, where: str) -> None:
+    """Refuse options the task's load() takes no keyword for, naming them and those it takes (`where`: how the
+    user gave them), rather than let load() fail with Python's TypeError."""
+    if accepts(task.load, split="train", **options):
+        return
+    params = inspect.signature(task.load).parameters
+    unknown = sorted(set(options) - set(params))
+    takes = ", ".join(p for p in params if p != "split") or "none"
+    raise ValueError(f"{where}: task {task.name}'s load() takes no option {', '.join(map(repr, unknown))} "
+                     f"(it takes: {takes}); drop it")
+
+
 def _eval_splits(value, origin: str) -> list[str]:
     if not isinstance(value, (list, tuple)) or not all(isinstance(s, str) and s for s in value):
         raise PluginError(origin, f"EVAL_SPLITS must be a list of split names (str), got {value!r}")

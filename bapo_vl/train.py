@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import importlib
 import json
 import logging
 import os
@@ -17,9 +18,9 @@ import torch
 
 from bapo_vl.backends.base import CheckpointError, load_checkpoint_file
 from bapo_vl.config import Config, ConfigError, as_override, one_line
-from bapo_vl.plugins import get_task
-from bapo_vl.record import (DB_NAME, FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir, make_sinks,
-                            query_ro)
+from bapo_vl.plugins import check_load_options, get_task
+from bapo_vl.record import (DB_NAME, FILTERED, FRESH, GENERATED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir,
+                            make_sinks, query_ro, sql_in)
 from bapo_vl.trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -31,6 +32,7 @@ RESUME_MAY_CHANGE = {"resume", "steps", "max_rollouts", "save_every", "keep_chec
 # The changes a resume writes into the record, so that a later plain resume=RUN goes on with them (an extended run
 # killed before its new end still trains to it); where it runs (device, run_dir) belongs to the machine, not the run.
 RESUME_RECORDS = RESUME_MAY_CHANGE - {"resume", "device", "run_dir"}
+IDLE_STEPS = 10  # steps in a row with nothing to train on before the run says so
 
 
 class RunFailed(RuntimeError):
@@ -241,9 +243,10 @@ def rollouts_spent(run_dir: Path) -> int:
     return query_ro(run_dir, "SELECT COALESCE(SUM(rollouts), 0) FROM steps")[0][0]
 
 
-def check_model(model: str) -> None:
+def check_model(model: str, key: str = "model=") -> None:
     """`model` names a model folder, a bundled policy, or a hub id that is cached or can be downloaded; if not, one
-    error naming it, before the task and the weights load (only its config.json is read here)."""
+    error naming it (`key` shows where it was given), before the task and the weights load (only its config.json is
+    read here)."""
     import huggingface_hub
     from transformers import AutoConfig
 
@@ -254,15 +257,20 @@ def check_model(model: str) -> None:
         AutoConfig.from_pretrained(path)
     except (OSError, ValueError) as e:
         if Path(path).exists():
-            raise ConfigError(f"model={model}: {path} is not a model folder ({one_line(e)})", "model") from e
-        if model.startswith(("/", ".", "~")) or model.count("/") != 1:  # a path, not a hub id (owner/name)
-            raise ConfigError(f"model={model}: no such folder; give a model folder (config.json and weights), a "
-                              "bundled policy (countdown-tiny) or a hub id", "model") from e
+            raise ConfigError(f"{key}{model}: {path} is not a model folder ({one_line(e)})", "model") from e
+        # a path, not a hub id (owner/name): runs/x, where runs/ is a folder here, is a path too
+        if model.startswith(("/", ".", "~")) or model.count("/") != 1 or Path(model).parent.is_dir():
+            raise ConfigError(f"{key}{model}: no such folder: {model} does not exist; give a model folder "
+                              "(config.json and weights), a bundled policy (countdown-tiny) or a hub id",
+                              "model") from e
         why = ("HF_HUB_OFFLINE is set" if huggingface_hub.constants.HF_HUB_OFFLINE
                else f"the hub did not provide it ({one_line(e).split('. ')[0]})")
-        raise ConfigError(f"model={model}: this hub model is not in the local cache and {why}; download it where "
-                          f"there is network (`huggingface-cli download {model} --local-dir DIR`) and pass "
-                          "model=/local/path", "model") from e
+        raise ConfigError(f"{key}{model}: no such folder, and this hub model is not in the local cache and {why}; "
+                          f"download it where there is network (`{HUB_DOWNLOAD} {model} --local-dir /local/path`) "
+                          f"and pass {key or 'the folder: bapo eval '}/local/path", "model") from e
+
+
+HUB_DOWNLOAD = "hf download"  # huggingface_hub >= 1.0 (transformers 5 needs it) has `hf`; huggingface-cli is gone
 
 
 def check_start(cfg: Config, load_model: bool) -> None:
@@ -276,6 +284,12 @@ def check_start(cfg: Config, load_model: bool) -> None:
         if not Path(folder).is_dir():
             raise ConfigError(f"tasks_dirs: {folder} is not a folder (of task plugins); fix the path or drop it",
                               "tasks_dirs")
+    for sink in cfg.report_to:  # each sink is named after the package it writes with
+        try:
+            importlib.import_module(sink)
+        except ImportError:
+            raise ConfigError(f"report_to={sink}: the {sink} package is not installed; pip install "
+                              f"'bapo-vl[{sink}]', or drop {sink} from report_to", "report_to") from None
     if cfg.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda: torch sees no CUDA GPU here; use device=cpu or device=auto", "device")
     if load_model:
@@ -284,12 +298,18 @@ def check_start(cfg: Config, load_model: bool) -> None:
 
 def load_problems(cfg: Config):
     """The task and its training problems; an option the task refuses names the task and task_options."""
+    where = f"task={cfg.task} task_options={as_override(cfg.task_options)}"
     task = get_task(cfg.task, cfg.tasks_dirs)
+    check_load_options(task, cfg.task_options, where)
     try:
-        return task, task.load(split="train", **cfg.task_options)
+        problems = task.load(split="train", **cfg.task_options)
     except (TypeError, ValueError, KeyError, FileNotFoundError) as e:
-        raise ConfigError(f"task={cfg.task} task_options={as_override(cfg.task_options)}: {one_line(e)}",
-                          "task_options") from e
+        raise ConfigError(f"{where}: {one_line(e)}", "task_options") from e
+    if not problems:
+        source = cfg.task_options.get("source")
+        raise ConfigError(f"{where}: {source or 'the task'} gives no training problems"
+                          + ("; give a data file with rows" if source else ""), "task_options")
+    return task, problems
 
 
 def close_run(record: RunRecord, lock, status: str) -> bool:
@@ -314,6 +334,24 @@ def failure_message(run_dir: Path, error: Exception, marked: bool) -> str:
              else f"it has no checkpoint yet: `bapo train resume={run_dir}` starts it again from step 0")
     state = "is marked failed" if marked else "could not be marked failed (its record is not writable)"
     return f"training failed: {type(error).__name__}: {one_line(error)}; {run_dir} {state}; {where}"
+
+
+def learning_summary(run_dir: Path) -> str:
+    """What a run learned, from its record: fresh reward over its first and last 20 % of steps, X2 promotions,
+    and the hard prompts (a fresh group all wrong) that a later generation answered right."""
+    rewards = [r for (r,) in query_ro(run_dir, "SELECT fresh_reward FROM steps ORDER BY step")]
+    if not rewards:
+        return "learned: no steps recorded"
+    n = max(1, len(rewards) // 5)
+    first, last = sum(rewards[:n]) / n, sum(rewards[-n:]) / n
+    promoted = query_ro(run_dir, "SELECT COALESCE(SUM(x2), 0) FROM steps")[0][0]
+    hard = query_ro(run_dir, f"SELECT COUNT(DISTINCT uid) FROM prompt_steps WHERE {sql_in(FRESH)} AND correct = 0"
+                    )[0][0]
+    solved = query_ro(run_dir, f"""SELECT COUNT(DISTINCT h.uid) FROM prompt_steps h JOIN prompt_steps s
+        ON s.uid = h.uid AND s.step > h.step AND s.correct > 0 AND s.{sql_in(GENERATED)}
+        WHERE h.{sql_in(FRESH)} AND h.correct = 0""")[0][0]
+    return (f"learned: fresh reward {first:.3f} (first {n} steps) -> {last:.3f} (last {n}); {promoted} X2 "
+            f"promotions; {solved} of {hard} hard prompts (all wrong when first drawn) answered right later")
 
 
 def run_path(cfg: Config) -> Path:
@@ -346,7 +384,7 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
     status, failure = "failed", None
     try:
         progress = Progress(cfg.steps, start, quiet)
-        spent, last = rollouts_spent(run_dir), start
+        spent, last, idle = rollouts_spent(run_dir), start, 0
         try:
             for t in range(start + 1, cfg.steps + 1):
                 if 0 < cfg.max_rollouts <= spent:  # the budget is spent: stop after the step that reached it
@@ -358,6 +396,12 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
                 record.log_step(t, {k: v for k, v in m.items() if k != "verdicts"}, groups=rows, samples=samples,
                                 verdicts=m["verdicts"])
                 progress.update(t, m)
+                idle = idle + 1 if m["x1"] + m["x2"] + m["x3"] == 0 else 0
+                if idle == IDLE_STEPS:
+                    log.warning("steps %d-%d trained on nothing: every group's responses were all right or all "
+                                "wrong (fresh reward %.2f) and X1, X2, X3 stayed empty; the policy likely cannot "
+                                "answer this task's prompts, or its verifier never pays (check model=, the prompt "
+                                "template and `bapo runs show %s`)", t - IDLE_STEPS + 1, t, m["fresh_reward"], run_dir)
                 spent, last = spent + m["rollouts"], t
                 if cfg.save_every and t % cfg.save_every == 0:
                     save_checkpoint(trainer, run_dir, t)
