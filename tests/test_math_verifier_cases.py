@@ -188,7 +188,7 @@ def _busy_processes(n: int) -> list[subprocess.Popen]:
 
 
 def test_same_verdicts_idle_and_under_load():
-    """Issue 26: a batch whose slow responses came first turned the right answers after them into TIMEOUT, and a
+    """Before the per-response CPU limit, a batch whose slow responses came first turned the right answers after them into TIMEOUT, and a
     busy machine did the same. Now the batch gets the same verdicts idle and with a busy process per core, the
     stall gets TIMEOUT at its own CPU limit, and every right answer after it is CORRECT."""
     responses, golds, expected = zip(*SLOW_THEN_RIGHT)
