@@ -1,11 +1,12 @@
 """`bapo dashboard RUN_DIR...`: a Gradio web dashboard over run records, live while a run is training.
 
-Layout: one Blocks page, a run picker and the smoothing on top and seven tabs (Overview, Training health, Batch
-composition, Hard-problem ledger, Accuracy bins & migration, Prompt drill-down, Compare runs). A gr.Timer polls the
-record: each tick compares a cheap version key of the run(s) shown (read-only connection, no lock the trainer
-waits on) with the one already on screen, and only when it changed re-renders the tab in view. The runs are fixed
-when the app is built (from the command line); the browser only picks among their labels. A run whose record
-cannot be read (empty, corrupt, old schema) is said so once, in place of what its tab would show.
+Layout: one Blocks page, a run picker and the smoothing on top and eight tabs (Overview, Training health, Batch
+composition, Hard-problem ledger, Accuracy bins & migration, Prompt drill-down, Responses at a step, Compare runs).
+A gr.Timer polls the record: each tick compares a cheap version key of the run(s) shown (read-only connection, no
+lock the trainer waits on) with the one already on screen, and only when it changed re-renders the tab in view. The
+runs come from the command line (a folder given there is looked at again for new runs); the browser only picks among
+their labels. A run whose record cannot be read (empty, corrupt, old schema) is said so once, in place of what its
+tab would show. Charts keep the reader's zoom, pan and legend choice when they are drawn again (VIEW_STATE_JS).
 
 Every plot is a Vega-Lite chart built by app/views.py (see `vega` for why not gr.LinePlot). Tab renderers take
 the controls' values and return the tab's component values; the wiring is at the bottom of `build`.
@@ -33,27 +34,38 @@ from starlette.middleware import Middleware  # noqa: E402
 
 from bapo_vl.app import data, views  # noqa: E402
 from bapo_vl.reader import Run  # noqa: E402
-from bapo_vl.record import DB_NAME, FRESH, X2, RecordVersionError  # noqa: E402
+from bapo_vl.problem import Verdict  # noqa: E402
+from bapo_vl.record import DB_NAME, FRESH, SUBSETS, X2, RecordVersionError  # noqa: E402
 
 POLL_SECONDS = 3.0
+FIND_SECONDS = 5.0  # how often the served folders are looked at for new runs
 LEDGER_ROWS = 200  # rows of the ledger table shown (the counts and curve cover all)
 SEARCH_RESULTS = 50
 DRILL_RESULTS = 200  # prompts listed by a click-through
+SAMPLE_COLUMNS = ["step", "subset", "idx", "verdict", "reward", "response"]  # a prompt's sampled responses
+RESPONSE_COLUMNS = ["uid", "subset", "verdict", "reward", "response"]  # the responses sampled at a step
+RESPONSE_ROWS = 500  # rows of the responses table (the note counts all that match)
 PLOT_HEIGHT = 260
 SPEC_HEIGHT = 190  # the plot area of the hand-written Vega-Lite charts (their PLOT_HEIGHT less title and legend)
 LOGIN_FAILURES, LOGIN_WINDOW_S = 5, 300  # at most this many wrong passwords per client per window
 
 # choice labels: the code branches on these very constants
-TAB_OVERVIEW, TAB_HEALTH, TAB_BATCH, TAB_LEDGER, TAB_BINS, TAB_PROMPT, TAB_COMPARE = (
-    "overview", "health", "batch", "ledger", "bins", "prompt", "compare")
+TAB_OVERVIEW, TAB_HEALTH, TAB_BATCH, TAB_LEDGER, TAB_BINS, TAB_PROMPT, TAB_RESPONSES, TAB_COMPARE = (
+    "overview", "health", "batch", "ledger", "bins", "prompt", "responses", "compare")
 TAB_TITLES = {TAB_OVERVIEW: "Overview", TAB_HEALTH: "Training health", TAB_BATCH: "Batch composition",
               TAB_LEDGER: "Hard-problem ledger", TAB_BINS: "Accuracy bins & migration",
-              TAB_PROMPT: "Prompt drill-down", TAB_COMPARE: "Compare runs"}
+              TAB_PROMPT: "Prompt drill-down", TAB_RESPONSES: "Responses at a step", TAB_COMPARE: "Compare runs"}
 MODE_AT = "generated at exactly step A and step B"
 MODE_WINDOW = "latest result up to step A → latest result in (A, B]"
 BIN_MODES = (MODE_WINDOW, MODE_AT)
+MIGRATION_TERMS = (
+    "A prompt's bin is its group's correct / G. *Latest result up to step A → latest result in (A, B]*: every "
+    "prompt seen by step A and generated for again after it, in the row of its last result up to A and the column "
+    "of its last result after A (right of the diagonal: it did better). *Generated at exactly step A and step B*: "
+    "only the prompts generated for at both steps.")
 # charts whose bars open their prompts when clicked (their segments carry a key in their description)
 DRILL_CHARTS = ("batch-composition", "batch-bins", "bins-hist-a", "bins-hist-b")
+VERDICTS = tuple(v.value for v in Verdict)
 CSS = """
 .gradio-container {max-width: 1400px !important}
 .summary p {margin: 2px 0}
@@ -76,20 +88,69 @@ CLICK_JS = """
 """ % json.dumps(list(DRILL_CHARTS))
 
 
+STATE_KEY = "chart_key"  # a chart's name for its zoom and legend state (the `owner` given to `vega`, and its title)
+# Gradio draws each new value of a chart (a poll of a live run, a tab shown again, another smoothing) in a new Vega
+# view, which would forget the reader's zoom, pan and legend choice. This keeps them: when a view is finalized, its
+# interaction state (the x-zoom selection and the legend selection) is saved under its element id and STATE_KEY,
+# and the next view of the same chart starts from it. Vega keeps no global list of its views; a view is found as
+# it is built (the one object that sets `_renderType` on itself), before Gradio initializes it.
+VIEW_STATE_JS = """
+<script>
+(() => {
+  const saved = new Map();
+  const kept = {signals: (name) => /^zoom_/.test(name) && !/^zoom_(tuple|modify|translate|zoom)/.test(name),
+                data: (name) => name === 'zoom_store' || name === 'legend_store', recurse: false};
+  const keyOf = (view) => {
+    const chart = view._el && view._el.closest && view._el.closest('[id]');
+    try { return chart ? chart.id + '|' + view.signal('%s') : null; } catch (e) { return null; }
+  };
+  function keepState(view) {
+    const initialize = view.initialize, finalize = view.finalize;
+    view.initialize = function (...args) {
+      const out = initialize.apply(this, args);
+      const key = keyOf(this);
+      if (key && saved.has(key)) {
+        try { this.setState(saved.get(key)); } catch (e) { saved.delete(key); }
+      }
+      return out;
+    };
+    view.finalize = function (...args) {
+      const key = keyOf(this);
+      if (key) {
+        try { saved.set(key, this.getState(kept)); } catch (e) { saved.delete(key); }
+      }
+      return finalize.apply(this, args);
+    };
+  }
+  Object.defineProperty(Object.prototype, '_renderType', {
+    configurable: true,
+    set(value) {
+      Object.defineProperty(this, '_renderType', {value, writable: true, configurable: true, enumerable: true});
+      if (typeof this.getState === 'function' && typeof this.initialize === 'function') keepState(this);
+    },
+  });
+})();
+</script>
+""" % STATE_KEY
+
+
 def _run(runs: dict[str, Run], label: str) -> Run:
     if label not in runs:  # the browser can only name runs given on the command line
         raise gr.Error(f"unknown run {label!r}")
     return runs[label]
 
 
-def vega(spec: dict) -> AltairPlotData:
+def vega(spec: dict, owner: str = "") -> AltairPlotData:
     """A Vega-Lite chart (app/views.py builds them) for gr.Plot, drawn by the vega-embed that Gradio's native
     plots use, and themed and sized like them; no altair needed. Why not gr.LinePlot/BarPlot: they stack bars in
     label order and cannot draw a line over bars, and their values are tables that the browser deep-copies on
     every event (each poll), which stalls a page of 500-step plots; a chart's value here is one JSON string.
     chart="scatter" only restyles a top-level color encoding, which the specs leave to their layers. Each call's
-    chart differs (a stamp in usermeta), so a tab shown again redraws at its width (hidden, a chart shrinks to 0)."""
-    spec = {**spec, "usermeta": {**spec.get("usermeta", {}), "drawn": time.time_ns()}}
+    chart differs (a stamp in usermeta), so a tab shown again redraws at its width (hidden, a chart shrinks to 0).
+    `owner` (the run, or the prompt, it shows) and the title name the chart's zoom and legend state, which
+    VIEW_STATE_JS carries from one drawing of it to the next."""
+    spec = {**spec, "usermeta": {**spec.get("usermeta", {}), "drawn": time.time_ns()},
+            "params": [*spec.get("params", []), {"name": STATE_KEY, "value": f"{owner}|{spec.get('title', '')}"}]}
     return AltairPlotData(plot=json.dumps(spec), chart="scatter")
 
 
@@ -129,31 +190,38 @@ def render_overview(run: Run, weight: float) -> list:
     steps, evals = run.steps(), run.evals()
     return [views.overview_text(run.label, {**run.meta(), "status": run.status()}, run.config(), steps, evals),
             vega(views.line_spec(views.reward_frame(steps, evals, weight), "step", "reward", "series",
-                                 "Reward (train and eval)", SPEC_HEIGHT)),
+                                 "Reward (train and eval)", SPEC_HEIGHT), run.label),
             vega(views.line_spec(views.rollouts_frame(steps), "step", "rollouts", "kind",
-                                 "Rollouts generated (cumulative)", SPEC_HEIGHT, zero=True)),
+                                 "Rollouts generated (cumulative)", SPEC_HEIGHT, zero=True), run.label),
             vega(views.time_spec(steps, SPEC_HEIGHT))]
 
 
+def measured_metrics(run: Run) -> pd.DataFrame:
+    """The run's per-step metrics, what was not measured missing (views.measured)."""
+    return views.measured(run.metrics(), run.config())
+
+
 def render_health(run: Run, weight: float, other: str | None) -> list:
-    metrics, steps = run.metrics(), run.steps()
+    metrics, steps = measured_metrics(run), run.steps()
     verdicts = run.verdicts()
     eta = views.eta(steps, run.config().get("steps"), run.status())
     text = " · ".join(t for t in (eta or f"status {run.status()}: no ETA", views.verdict_text(verdicts)) if t)
     charts = [vega(views.line_spec(views.smoothed(df, "value", "series", weight), "step", "value", "series", title,
-                                   SPEC_HEIGHT, y_title="value")) for title, df in views.health_frames(metrics)]
+                                   SPEC_HEIGHT, y_title=y_title), run.label)
+              for title, y_title, df in views.health_frames(metrics, run.config())]
     return [text, *charts, vega(views.verdict_spec(verdicts, SPEC_HEIGHT)), *render_other(run, weight, other)]
 
 
 def render_other(run: Run, weight: float, other: str | None) -> list:
     """The Training-health picker of every other recorded metric, and its chart."""
-    metrics = run.metrics()
+    metrics = measured_metrics(run)
     choices = views.other_metrics(metrics)
     other = other if other in choices else (choices[0] if choices else None)
     df = views.long(metrics, "step", {other: other} if other else {}, "value", "series")
     return [gr.Dropdown(choices=choices, value=other),
             vega(views.line_spec(views.smoothed(df, "value", "series", weight), "step", "value", "series",
-                                 other or "no other metric recorded", SPEC_HEIGHT, y_title=other or "value"))]
+                                 other or "no other metric recorded", SPEC_HEIGHT, y_title=other or "value"),
+                 run.label)]
 
 
 def render_batch(run: Run) -> list:
@@ -162,9 +230,10 @@ def render_batch(run: Run) -> list:
     return [views.batch_text(steps), vega(views.composition_spec(steps, SPEC_HEIGHT)),
             vega(views.fresh_bins_spec(steps, G, SPEC_HEIGHT)),
             vega(views.line_spec(views.buffers_frame(steps), "step", "groups", "buffer", "Buffer sizes", SPEC_HEIGHT,
-                                 zero=True)),
+                                 zero=True), run.label),
             vega(views.line_spec(views.thresholds_frame(steps), "step", "value", "threshold",
-                                 "Thresholds c1, c2, c3 and r_tot", SPEC_HEIGHT, y_domain=(0, 1)))]
+                                 "Thresholds c1, c2, c3 and r_tot", SPEC_HEIGHT, y_title="μ (share of G correct)",
+                                 y_domain=(0, 1)), run.label)]
 
 
 def render_ledger(run: Run, which: str) -> list:
@@ -175,7 +244,8 @@ def render_ledger(run: Run, which: str) -> list:
     note = f"{total} prompt(s) {which}" + (f"; the {LEDGER_ROWS} most recent shown" if total > LEDGER_ROWS else "")
     curve = views.line_spec(views.ledger_curve(ledger, steps["step"]), "step", "prompts", "series",
                             "Hard prompts over steps", SPEC_HEIGHT, zero=True)
-    return [views.ledger_text(ledger, G) + "\n\n" + views.hard_set_text(run.evals()), vega(curve), table, note]
+    return [views.ledger_text(ledger, G) + "\n\n" + views.hard_set_text(run.evals()), vega(curve, run.label), table,
+            note]
 
 
 def _step_range(steps: pd.DataFrame) -> tuple[int, int]:
@@ -259,7 +329,7 @@ def render_prompt(run: Run, uid: str | None, query: str = "", listed: dict | Non
         if not uids:
             return [gr.Dropdown(choices=[], value=None), note, gr.Image(value=None, visible=False),
                     history_plot(pd.DataFrame(columns=["step", "subset", "correct", "G"])),
-                    views.history_table(pd.DataFrame()), pd.DataFrame()]
+                    views.history_table(pd.DataFrame()), pd.DataFrame(columns=SAMPLE_COLUMNS)]
     else:
         hits = data.search_prompts(run, query, SEARCH_RESULTS)
         if not uid and query:
@@ -267,7 +337,7 @@ def render_prompt(run: Run, uid: str | None, query: str = "", listed: dict | Non
                 empty = pd.DataFrame(columns=["step", "subset", "correct", "G"])
                 return [gr.Dropdown(choices=[], value=None), views.no_match_text(query),
                         gr.Image(value=None, visible=False), history_plot(empty), views.history_table(empty),
-                        pd.DataFrame(columns=["step", "subset", "idx", "verdict", "reward", "response"])]
+                        pd.DataFrame(columns=SAMPLE_COLUMNS)]
             uid = hits[0][0]
         uid = uid or default_prompt(run)
         choices = ([(uid, uid)] if uid else []) + [(f"{u} — {t[:70]}", u) for u, t in hits if u != uid]
@@ -275,7 +345,7 @@ def render_prompt(run: Run, uid: str | None, query: str = "", listed: dict | Non
     if not uid:
         empty = pd.DataFrame(columns=["step", "subset", "correct", "G"])
         return [picker, "no prompt recorded yet", gr.Image(value=None, visible=False), history_plot(empty),
-                views.history_table(empty), pd.DataFrame(columns=["step", "subset", "idx", "verdict", "reward", "response"])]
+                views.history_table(empty), pd.DataFrame(columns=SAMPLE_COLUMNS)]
     d = data.prompt_detail(run, uid)
     if not d["found"] and not listed and (fallback := default_prompt(run)):  # e.g. a uid picked in another run
         uid, d = fallback, data.prompt_detail(run, fallback)
@@ -289,6 +359,25 @@ def render_prompt(run: Run, uid: str | None, query: str = "", listed: dict | Non
             history_plot(d["history"]), views.history_table(d["history"]), d["samples"]]
 
 
+def render_responses(run: Run, step, verdicts, subsets, query: str) -> list:
+    """Every response sampled at a step, of the verdicts and subsets ticked, whose text contains `query`. An unset
+    step, or one without samples, shows the nearest sampled step before it (else the last)."""
+    steps = data.sampled_steps(run)
+    if not steps:
+        return [gr.Slider(), "<span id='responses-none'>no responses were sampled in this run</span>",
+                pd.DataFrame(columns=RESPONSE_COLUMNS)]
+    wanted = int(step) if step else None
+    shown = max([s for s in steps if wanted is not None and s <= wanted] or [steps[-1]])
+    rows, n, total = data.responses_at(run, shown, verdicts, subsets, query, RESPONSE_ROWS)
+    table = pd.DataFrame({"uid": rows["uid"], "subset": rows["subset"].map(lambda v: views.SUBSET_LABELS.get(v, v)),
+                          "verdict": rows["verdict"], "reward": rows["reward"], "response": rows["response"]},
+                         columns=RESPONSE_COLUMNS)
+    note = views.responses_text(shown, wanted, n, total, len(table), len(steps), (query or "").strip())
+    # the slider's value is sent back only when it was defaulted: never undo what the user is moving meanwhile
+    return [gr.Slider(minimum=steps[0], maximum=max(steps[-1], steps[0] + 1),
+                      **({} if wanted == shown else {"value": shown})), note, table]
+
+
 def history_plot(history: pd.DataFrame) -> AltairPlotData:
     return vega(views.history_spec(history, SPEC_HEIGHT))
 
@@ -300,38 +389,54 @@ def compare_inputs(runs: dict[str, Run], labels) -> tuple[dict[str, dict], dict[
         r = _run(runs, lab)
         try:
             started = pd.Timestamp(r.meta()["created_at"]).timestamp() if r.meta().get("created_at") else None
-            chosen[lab] = {"metrics": r.metrics(), "steps": r.steps(), "evals": r.evals(),
-                           "ledger": r.ledger_retries(), "started": started}
+            chosen[lab] = {"metrics": measured_metrics(r), "steps": r.steps(), "evals": r.evals(),
+                           "ledger": r.ledger_retries(), "started": started, "config": r.config()}
         except UNREADABLE as e:
             errors[lab] = unreadable(r, e).split(": ", 1)[1]
     return chosen, errors
 
 
 def render_compare(runs: dict[str, Run], labels: list[str], metric: str | None, x_axis: str, weight: float,
-                   colors: dict[str, str], out_dir: Path) -> list:
-    """The chosen runs' `metric` against `x_axis` (EMA-smoothed, raw faint), their solved hard prompts, the
-    summary table with notes, and the plotted data as CSV. An unreadable run is named in the notes; the others
-    are still drawn."""
+                   colors: dict[str, str], out_dir: Path, grouping: str = views.GROUP_NONE) -> list:
+    """The chosen runs' `metric` against `x_axis` (EMA-smoothed, raw faint; grouped: each group's mean ± sd), their
+    solved hard prompts, the runs table (config, what differs shaded), the summary table with notes, and the
+    plotted data as CSV. An unreadable run is named in the notes; the others are still drawn."""
     chosen, errors = compare_inputs(runs, labels)
     choices = views.compare_metrics({k: v["metrics"] for k, v in chosen.items()},
                                     {k: v["evals"] for k, v in chosen.items()})
     metric = metric if metric in choices else choices[0]
     x_axis = x_axis if x_axis in views.X_AXES else views.X_STEP
+    grouping = grouping if grouping in views.GROUPINGS else views.GROUP_NONE
     curves = views.smoothed(views.compare_frame(chosen, metric, x_axis), "value", "run", weight)
-    solved = views.compare_frame(chosen, views.SOLVED_METRIC, x_axis)
+    solved = views.compare_frame(chosen, views.SOLVED_SHARE, x_axis)
     table = views.compare_table(chosen)
-    csv = out_dir / "compare.csv"
-    cols = {"x": x_axis, "value": metric, **({"raw": f"{metric} (raw)"} if "raw" in curves else {}), "run": "run"}
-    curves[list(cols)].rename(columns=cols).to_csv(csv, index=False)
     note = views.compare_notes(table, errors) or ("choose runs to compare" if not labels else "")
+    line_colors = colors
+    if grouping != views.GROUP_NONE:
+        groups = {lab: views.group_of(r["config"], grouping) for lab, r in chosen.items()}
+        curves, apart = views.grouped_frame(curves.drop(columns=["raw"], errors="ignore"), groups)
+        solved, _ = views.grouped_frame(solved, groups)
+        line_colors = {g: views.RUN_COLORS[i % len(views.RUN_COLORS)]
+                       for i, g in enumerate(dict.fromkeys(curves["run"]))}
+        note = "<br>".join(n for n in (views.group_text(grouping, x_axis, apart), note) if n)
+    csv = out_dir / "compare.csv"
+    cols = {"x": x_axis, "value": metric, **({"raw": f"{metric} (raw)"} if "raw" in curves else {}),
+            **({"lo": f"{metric} mean - sd", "hi": f"{metric} mean + sd"} if "lo" in curves else {}),
+            "run": "run" if grouping == views.GROUP_NONE else "group"}
+    table_out = curves[list(cols)].rename(columns=cols)
+    if x_axis != views.X_WALL:  # steps and rollouts are counts: 12, not 12.0
+        table_out[x_axis] = table_out[x_axis].round().astype("int64")
+    table_out.to_csv(csv, index=False)
     integer_x = x_axis == views.X_STEP
+    config_table = views.runs_table({lab: r["config"] for lab, r in chosen.items()})
     return [gr.Dropdown(choices=choices, value=metric),
             vega(views.line_spec(curves, "x", "value", "run", f"{metric} vs {x_axis}", SPEC_HEIGHT, x_title=x_axis,
-                                 y_title=metric, integer_x=integer_x, colors=colors)),
+                                 y_title=metric, integer_x=integer_x, colors=line_colors), f"{x_axis}|{grouping}"),
             vega(views.line_spec(solved, "x", "value", "run",
-                                 "Hard problems solved (0/G at first, later ≥ 1/G), cumulative", SPEC_HEIGHT,
-                                 x_title=x_axis, y_title="prompts", zero=True, integer_x=integer_x, colors=colors)),
-            note, table, gr.DownloadButton(value=str(csv), visible=not curves.empty)]
+                                 "Hard prompts (0/G at first) generated again: % that reached ≥ 1/G", SPEC_HEIGHT,
+                                 x_title=x_axis, y_title="solved % of retried", zero=True, integer_x=integer_x,
+                                 colors=line_colors), f"{x_axis}|{grouping}"),
+            note, views.runs_style(config_table), table, gr.DownloadButton(value=str(csv), visible=not curves.empty)]
 
 
 # ----------------------------------------------------------------------------- click-through
@@ -446,6 +551,7 @@ def batch_tab() -> SimpleNamespace:
     with gr.Row():
         buffers = gr.Plot(show_label=False, elem_id="batch-buffers")
         thresholds = gr.Plot(show_label=False, elem_id="batch-thresholds")
+    gr.Markdown(views.BATCH_TERMS, elem_id="batch-terms", elem_classes="summary")
     return SimpleNamespace(outputs=[text, composition, bins, buffers, thresholds])
 
 
@@ -467,6 +573,7 @@ def bins_tab() -> SimpleNamespace:
         step_a = gr.Slider(0, 1, value=0, step=1, label="step A", elem_id="step-a")
         step_b = gr.Slider(0, 1, value=0, step=1, label="step B", elem_id="step-b")
         cells = gr.Radio(list(views.CELLS), value=views.CELLS[0], label="matrix cells", elem_id="bins-cells", scale=1)
+    gr.Markdown(MIGRATION_TERMS, elem_id="bins-terms", elem_classes="summary")
     text = gr.Markdown(elem_id="bins-text", elem_classes="summary")
     with gr.Row():
         hist_a = gr.Plot(show_label=False, elem_id="bins-hist-a")
@@ -495,34 +602,55 @@ def prompt_tab() -> SimpleNamespace:
     return SimpleNamespace(query=query, found=found, outputs=[found, text, image, history, rows, samples])
 
 
+def responses_tab() -> SimpleNamespace:
+    with gr.Row():
+        step = gr.Slider(0, 1, value=0, step=1, label="step", elem_id="responses-step", scale=2)
+        verdicts = gr.CheckboxGroup(VERDICTS, value=list(VERDICTS), label="verdict", elem_id="responses-verdict",
+                                    scale=2)
+        subsets = gr.CheckboxGroup([(views.SUBSET_LABELS[s], s) for s in SUBSETS], value=list(SUBSETS),
+                                   label="subset", elem_id="responses-subset", scale=3)
+    query = gr.Textbox(label="search the responses' text", elem_id="responses-query")
+    note = gr.Markdown(elem_id="responses-note", elem_classes="summary")
+    table = gr.Dataframe(interactive=False, max_height=560, wrap=True, elem_id="responses-table",
+                         label="sampled responses (click a row to open its prompt in the drill-down)")
+    return SimpleNamespace(step=step, verdicts=verdicts, subsets=subsets, query=query, table=table,
+                           outputs=[step, note, table])
+
+
 def compare_tab(labels: list[str]) -> SimpleNamespace:
     with gr.Row():
         runs = gr.CheckboxGroup(labels, value=labels, label="runs", scale=3, elem_id="compare-runs")
         metric = gr.Dropdown([views.FRESH_REWARD], value=None, label="metric", elem_id="compare-metric",
                              allow_custom_value=False, scale=2)
         x_axis = gr.Radio(list(views.X_AXES), value=views.X_AXES[0], label="x-axis", elem_id="compare-x", scale=2)
+        group = gr.Radio(list(views.GROUPINGS), value=views.GROUP_NONE, label="group runs by (mean ± sd)",
+                         elem_id="compare-group", scale=2)
         csv = gr.DownloadButton("CSV of the plotted data", elem_id="compare-csv", scale=1, visible=False)
     note = gr.Markdown(elem_id="compare-note")
     plot = gr.Plot(show_label=False, elem_id="compare-plot")
     solved = gr.Plot(show_label=False, elem_id="compare-solved")
+    configs = gr.Dataframe(interactive=False, label="runs (shaded: settings that differ between them)",
+                           elem_id="compare-configs")
     table = gr.Dataframe(interactive=False, label="summary", elem_id="compare-table")
-    return SimpleNamespace(runs=runs, metric=metric, x_axis=x_axis, plot=plot, csv=csv,
-                           outputs=[metric, plot, solved, note, table, csv])
+    return SimpleNamespace(runs=runs, metric=metric, x_axis=x_axis, group=group, plot=plot, csv=csv,
+                           outputs=[metric, plot, solved, note, configs, table, csv])
 
 
 TAB_LAYOUTS = {TAB_OVERVIEW: overview_tab, TAB_HEALTH: health_tab, TAB_BATCH: batch_tab, TAB_LEDGER: ledger_tab,
-               TAB_BINS: bins_tab, TAB_PROMPT: prompt_tab, TAB_COMPARE: compare_tab}
+               TAB_BINS: bins_tab, TAB_PROMPT: prompt_tab, TAB_RESPONSES: responses_tab, TAB_COMPARE: compare_tab}
 
 
 # ----------------------------------------------------------------------------- the whole page and its wiring
 
 
-def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
-    """The dashboard over `runs` (fixed here, never chosen by the browser): the header, the tabs (their layout
-    functions above) and the events between them."""
-    if not runs:
+def build(runs: list[Run] | data.RunSet, poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
+    """The dashboard over `runs` (from the command line, never chosen by the browser): the header, the tabs (their
+    layout functions above) and the events between them. A RunSet's folders are looked at again every
+    FIND_SECONDS: a run started under one appears in the pickers (and is ticked in Compare)."""
+    run_set = runs if isinstance(runs, data.RunSet) else None
+    by_label = run_set.runs if run_set else {r.label: r for r in runs}  # a RunSet's dict: it grows as runs appear
+    if not by_label:
         raise ValueError("the dashboard needs at least one run directory")
-    by_label = {r.label: r for r in runs}
     labels = list(by_label)
     colors = {lab: views.RUN_COLORS[i % len(views.RUN_COLORS)] for i, lab in enumerate(labels)}
     out_dir = Path(tempfile.mkdtemp(prefix="bapo-dashboard-"))  # the Compare CSV (Gradio serves it from its cache)
@@ -537,6 +665,8 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
         shown = gr.State(None)  # version key of what the active tab shows
         listed = gr.State(None)  # the prompts a click-through listed in the drill-down
         timer = gr.Timer(poll_seconds)
+        finder = gr.Timer(max(FIND_SECONDS, poll_seconds), active=run_set is not None)
+        known = gr.State(labels)  # the runs this page's pickers offer
         drill_key = gr.Textbox(elem_id="drill-key", elem_classes="drill-hidden", container=False)
         drill_go = gr.Button("open", elem_id="drill-go", elem_classes="drill-hidden")
         tab_blocks, ui = {}, {}
@@ -544,14 +674,16 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
             for tab, layout in TAB_LAYOUTS.items():
                 with gr.Tab(TAB_TITLES[tab], id=tab, elem_id=f"tab-{tab}") as tab_blocks[tab]:
                     ui[tab] = layout(labels) if tab == TAB_COMPARE else layout()
-        ov, health, ledger, bins, prompt, compare = (ui[t] for t in (TAB_OVERVIEW, TAB_HEALTH, TAB_LEDGER, TAB_BINS,
-                                                                      TAB_PROMPT, TAB_COMPARE))
+        ov, health, ledger, bins, prompt, responses, compare = (
+            ui[t] for t in (TAB_OVERVIEW, TAB_HEALTH, TAB_LEDGER, TAB_BINS, TAB_PROMPT, TAB_RESPONSES, TAB_COMPARE))
 
         # ------------------------------------------------------------------------- wiring
         outputs = {tab: ui[tab].outputs for tab in TAB_LAYOUTS}
-        controls = {"run": run_dd, "weight": weight, "which": ledger.which, "mode": bins.mode, "a": bins.step_a, "b": bins.step_b,
-                    "cells": bins.cells, "uid": prompt.found, "query": prompt.query, "listed": listed,
-                    "compare": compare.runs, "metric": compare.metric, "x": compare.x_axis, "other": health.other}
+        controls = {"run": run_dd, "weight": weight, "which": ledger.which, "mode": bins.mode, "a": bins.step_a,
+                    "b": bins.step_b, "cells": bins.cells, "uid": prompt.found, "query": prompt.query, "listed": listed,
+                    "r_step": responses.step, "r_verdicts": responses.verdicts, "r_subsets": responses.subsets,
+                    "r_query": responses.query, "compare": compare.runs, "metric": compare.metric,
+                    "x": compare.x_axis, "group": compare.group, "other": health.other}
         names, inputs = list(controls), list(controls.values())
         # one token per tab: setting it re-renders that tab. The timer's event outputs only these States, so an
         # idle tick costs the browser nothing (an event's outputs are redrawn whenever it completes), and a
@@ -576,8 +708,10 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
             TAB_LEDGER: lambda run, c: render_ledger(run, c["which"]),
             TAB_BINS: lambda run, c: render_bins(run, c["mode"], c["a"], c["b"], c["cells"]),
             TAB_PROMPT: lambda run, c: render_prompt(run, c["uid"], c["query"], c["listed"]),
+            TAB_RESPONSES: lambda run, c: render_responses(run, c["r_step"], c["r_verdicts"], c["r_subsets"],
+                                                           c["r_query"]),
             TAB_COMPARE: lambda run, c: render_compare(by_label, c["compare"], c["metric"], c["x"],
-                                                       float(c["weight"] or 0), colors, out_dir),
+                                                       float(c["weight"] or 0), colors, out_dir, c["group"]),
         }
 
         def render(tab, c: dict) -> dict:
@@ -614,11 +748,12 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
             c = dict(zip(names, args))
             return {listed: None, **render(TAB_PROMPT, {**c, "uid": None, "listed": None})}
 
-        def open_prompts(c: dict, what: dict) -> dict:
-            c = {**c, "uid": None, "listed": what}
-            return {listed: what, tabs: gr.Tabs(selected=TAB_PROMPT), active: TAB_PROMPT, **render(TAB_PROMPT, c)}
+        def open_prompts(c: dict, what: dict) -> dict:  # the search box is emptied: the list replaces its result
+            c = {**c, "uid": None, "query": "", "listed": what}
+            return {listed: what, prompt.query: "", tabs: gr.Tabs(selected=TAB_PROMPT), active: TAB_PROMPT,
+                    **render(TAB_PROMPT, c)}
 
-        def pick_from_ledger(table, evt: gr.SelectData):
+        def pick_row(table, evt: gr.SelectData):  # a row of the ledger or the responses table: open its prompt
             uid = str(table.iloc[evt.index[0]]["uid"])
             return {prompt.query: uid, listed: None, prompt.found: gr.Dropdown(choices=[(uid, uid)], value=uid),
                     tabs: gr.Tabs(selected=TAB_PROMPT), active: TAB_PROMPT, **bump(TAB_PROMPT)}
@@ -640,9 +775,26 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
 
         for tab, block in tab_blocks.items():
             outs = [*outputs[tab], live, shown]
-            block.select(opener(tab), inputs, [*outs, active], show_progress="hidden")
-            tokens[tab].change(renderer(tab), inputs, outs, show_progress="hidden", trigger_mode="always_last")
+            # the drill-down's events run one at a time, in order: a search typed while the tab is still being
+            # opened is answered after the opening, never overwritten by it
+            one = {"concurrency_id": "prompt", "concurrency_limit": 1} if tab == TAB_PROMPT else {}
+            block.select(opener(tab), inputs, [*outs, active], show_progress="hidden", **one)
+            tokens[tab].change(renderer(tab), inputs, outs, show_progress="hidden", trigger_mode="always_last", **one)
         demo.load(renderer(TAB_OVERVIEW), inputs, [*outputs[TAB_OVERVIEW], live, shown])
+
+        def find(offered, ticked):  # runs that appeared under the served folders: offered, and ticked in Compare
+            run_set.refresh()
+            every = list(by_label)
+            if every == offered:
+                return {known: gr.skip(), run_dd: gr.skip(), compare.runs: gr.skip()}
+            new = [lab for lab in every if lab not in offered]
+            for lab in new:
+                colors.setdefault(lab, views.RUN_COLORS[every.index(lab) % len(views.RUN_COLORS)])
+            return {known: every, run_dd: gr.Dropdown(choices=every),
+                    compare.runs: gr.CheckboxGroup(choices=every, value=[*(ticked or []), *new])}
+
+        if run_set is not None:
+            finder.tick(find, [known, compare.runs], [known, run_dd, compare.runs], show_progress="hidden")
         timer.tick(poll, [active, shown, run_dd, compare.runs], list(tokens.values()), show_progress="hidden")
         # another run, or another smoothing: the tab in view is drawn again in the same round trip (its outputs
         # are a part of all tabs' outputs; the others are left as they are). A slider's `input` fires on every
@@ -665,23 +817,28 @@ def build(runs: list[Run], poll_seconds: float = POLL_SECONDS) -> gr.Blocks:
         weight.input(resmooth, [active, *inputs], [*every, live, shown], trigger_mode="always_last",
                      show_progress="hidden")
         for comp, tab in ((ledger.which, TAB_LEDGER), (bins.mode, TAB_BINS), (bins.step_a, TAB_BINS),
-                          (bins.step_b, TAB_BINS), (bins.cells, TAB_BINS), (compare.runs, TAB_COMPARE)):
+                          (bins.step_b, TAB_BINS), (bins.cells, TAB_BINS), (responses.step, TAB_RESPONSES),
+                          (responses.verdicts, TAB_RESPONSES), (responses.subsets, TAB_RESPONSES),
+                          (responses.query, TAB_RESPONSES), (compare.runs, TAB_COMPARE)):
             comp.input(renderer(tab), inputs, [*outputs[tab], live, shown], trigger_mode="always_last",
                        show_progress="hidden")
-        prompt.found.select(renderer(TAB_PROMPT), inputs, [*outputs[TAB_PROMPT], live, shown], trigger_mode="always_last",
-                     show_progress="hidden")
+        prompt.found.select(renderer(TAB_PROMPT), inputs, [*outputs[TAB_PROMPT], live, shown],
+                            trigger_mode="always_last", show_progress="hidden", concurrency_id="prompt",
+                            concurrency_limit=1)
         # the same runs: the metric picker keeps its choices (not sent again)
-        for event in (compare.metric.select, compare.x_axis.input):
+        for event in (compare.metric.select, compare.x_axis.input, compare.group.input):
             event(lambda *args: {**renderer(TAB_COMPARE)(*args), compare.metric: gr.skip()}, inputs,
                   [*outputs[TAB_COMPARE], live, shown], trigger_mode="always_last", show_progress="hidden")
         # another metric in Training health redraws only its own chart (the picker keeps its choices)
         health.other.select(lambda *args: render_other(_run(by_label, args[0]), float(args[1] or 0), args[2])[1],
                             [run_dd, weight, health.other], health.other_plot, trigger_mode="always_last", show_progress="hidden")
+        responses.query.submit(renderer(TAB_RESPONSES), inputs, [*outputs[TAB_RESPONSES], live, shown],
+                               trigger_mode="always_last", show_progress="hidden")
         prompt_outs = [listed, *outputs[TAB_PROMPT], live, shown]
-        prompt.query.submit(search, inputs, prompt_outs)
-        ledger.table.select(pick_from_ledger, ledger.table,
-                            [prompt.query, listed, prompt.found, tabs, active, *tokens.values()])
-        drill_outs = [listed, tabs, active, *prompt_outs[1:]]
+        prompt.query.submit(search, inputs, prompt_outs, concurrency_id="prompt", concurrency_limit=1)
+        for table in (ledger.table, responses.table):
+            table.select(pick_row, table, [prompt.query, listed, prompt.found, tabs, active, *tokens.values()])
+        drill_outs = [listed, prompt.query, tabs, active, *prompt_outs[1:]]
         bins.matrix.select(pick_cell, inputs, drill_outs)
         drill_go.click(pick_bar, [drill_key, *inputs], drill_outs, js="(k, ...rest) => [window.__bapoDrill, ...rest]")
     return demo
@@ -693,8 +850,9 @@ def launch(paths, host: str = "127.0.0.1", port: int | None = None, password: st
     thread when block=False). Binding to anything but localhost is the caller's explicit choice (the CLI
     asks for --host); `password` turns on Gradio's login, with at most LOGIN_FAILURES wrong passwords per
     client per LOGIN_WINDOW_S."""
-    runs = data.load_runs(paths)
-    demo = build(runs, poll_seconds)
+    run_set = data.RunSet(paths)
+    runs = list(run_set.runs.values())
+    demo = build(run_set, poll_seconds)
     if warm:  # read every run's generated groups once in the background: the ledger, migration and compare
         # tabs then open from memory (a request meanwhile waits for the same read, never repeats it)
         def warm_up():
@@ -707,6 +865,7 @@ def launch(paths, host: str = "127.0.0.1", port: int | None = None, password: st
         threading.Thread(target=warm_up, name="dashboard-warm", daemon=True).start()
     demo.queue(default_concurrency_limit=4)
     demo.launch(server_name=host, server_port=port, auth=(user, password) if password else None, share=False,
-                prevent_thread_lock=not block, show_error=True, quiet=not block, css=CSS, js=CLICK_JS, ssr_mode=False,
+                prevent_thread_lock=not block, show_error=True, quiet=not block, css=CSS, js=CLICK_JS,
+                head=VIEW_STATE_JS, ssr_mode=False,
                 footer_links=[], app_kwargs={"middleware": [Middleware(LoginLimit)]})
     return demo

@@ -3,8 +3,10 @@ draw and the text the tabs show. No Gradio and no SQL here, so each is testable 
 
 Every chart is a hand-written Vega-Lite spec (app/dashboard.py says why). Line charts are interactive the way W&B's
 are: the mouse wheel zooms the x-axis and a drag pans it (double-click resets), a click on a legend entry
-highlights that series (a second click toggles it back), and hovering shows a crosshair with every series' value
-at that x. Colours are fixed here, never left to the theme: one per subset, one per verdict, one per run.
+highlights that series (a second click toggles it back), and hovering shows a crosshair with the value of every
+series that has one at that x (the page keeps zoom and highlight when a chart is drawn again: dashboard.py). A
+series of few points is drawn as points, a long one as a min/max envelope, a value not measured as a gap. Colours
+are fixed here, never left to the theme: one per subset, one per verdict, one per run.
 """
 from __future__ import annotations
 
@@ -41,23 +43,25 @@ HARD_SEEN = "first seen at 0/G (cumulative)"
 HARD_SOLVED = "later reached ≥ 1/G (cumulative)"
 ROLLOUT_KINDS = {"rollouts": "all", "rollouts_fresh": "fresh", "rollouts_reevaluated": "re-evaluation"}
 STALENESS = "staleness"  # derived: policy_version - rollout_version
-# Training health: one chart per group of per-step scalars (title, {metric: legend label}); a metric the run did
-# not record is left out, a chart with none is left empty
+# Training health: one chart per group of per-step scalars (title, y-axis title, {metric: legend label}); a metric
+# the run did not record is left out, a chart with none is left empty
 HEALTH = (
-    ("Reward", {"fresh_reward": "fresh (before filtering)", "reward": "training batch",
-                "reevaluated_reward": "re-evaluated"}),
-    ("Policy loss", {"loss": "loss (minimised)", "pg_loss": "policy-gradient term"}),
-    ("KL", {"kl": "KL to the reference (k3)", "ppo_kl": "KL to the rollout policy"}),
-    ("Entropy (mean token entropy)", {"entropy": "entropy"}),
-    ("Clip fraction (tokens whose gradient the clip removed)", {"clip_frac": "clip", "clip_frac_dual": "dual clip"}),
-    ("Importance ratio π_θ / π_rollout (mean)", {"ratio_mean": "mean ratio"}),
-    ("Gradient norm (before clipping)", {"grad_norm": "grad norm"}),
-    ("Response length (tokens, fresh rollouts)", {"response_length": "mean length"}),
-    ("Staleness: policy updates between the rollout policy and the update", {STALENESS: "updates behind"}),
+    ("Reward", "mean reward", {"fresh_reward": "fresh (before filtering)", "reward": "training batch",
+                               "reevaluated_reward": "re-evaluated"}),
+    ("Policy loss", "loss", {"loss": "loss (minimised)", "pg_loss": "policy-gradient term"}),
+    ("KL", "KL (per token)", {"kl": "KL to the reference (k3)", "ppo_kl": "KL to the rollout policy"}),
+    ("Entropy (mean token entropy)", "nats per token", {"entropy": "entropy"}),
+    ("Clip fraction (tokens whose gradient the clip removed)", "share of tokens",
+     {"clip_frac": "clip", "clip_frac_dual": "dual clip"}),
+    ("Importance ratio π_θ / π_rollout (mean)", "ratio", {"ratio_mean": "mean ratio"}),
+    ("Gradient norm (before clipping)", "L2 norm", {"grad_norm": "grad norm"}),
+    ("Response length (tokens, fresh rollouts)", "tokens", {"response_length": "mean length"}),
+    ("Staleness: policy updates between the rollout policy and the update", "updates", {STALENESS: "updates behind"}),
 )
 MAX_BARS = 125  # stacked bar charts show at most this many bars (means of consecutive steps beyond)
-MAX_POINTS = 250  # line charts show at most about this many points per series (means of consecutive steps beyond)
-MAX_HOVER = 120  # x positions the crosshair snaps to (beyond, an even subset): each is two SVG elements
+MAX_POINTS = 250  # line charts draw at most about this many points per series (beyond, a min/max envelope)
+MAX_HOVER = 120  # x positions the crosshair snaps to (beyond, an even subset, at whole steps): each is an
+# SVG element and a Voronoi cell, the main cost of drawing a long line chart
 
 
 def long(df: pd.DataFrame, x: str, columns: dict[str, str], value: str, series: str) -> pd.DataFrame:
@@ -221,20 +225,52 @@ def _step_axis(lo: float, hi: float) -> dict:
     return {"tickMinStep": 1, "format": "d"}
 
 
-def thin(df: pd.DataFrame, x: str, ys, color: str | None, max_points: int = MAX_POINTS) -> pd.DataFrame:
-    """At most about `max_points` points per series: beyond, the mean of each bucket of k consecutive x values
-    (the charts stay quick to draw and to move around in the browser)."""
-    ys = [ys] if isinstance(ys, str) else [y for y in ys if y in df]
+def envelope(df: pd.DataFrame, x: str, y: str, color: str | None, max_points: int = MAX_POINTS) -> pd.DataFrame:
+    """At most about `max_points` rows per series: beyond, each bucket of k consecutive rows keeps only its lowest
+    and its highest `y` (a min/max envelope). Rows are kept as they are, at their own x: a spike is drawn at its
+    height and its step, never averaged away with its neighbours."""
     if df.empty:
         return df
     n = df.groupby(color).size().max() if color else len(df)
-    k = math.ceil(n / max_points)
+    k = math.ceil(n / max(max_points // 2, 1))
     if k <= 1:
         return df
     keys = [color] if color else []
-    df = df.sort_values([*keys, x]).copy()
-    df["_b"] = df.groupby(keys).cumcount() // k if keys else pd.RangeIndex(len(df)) // k
-    return df.groupby([*keys, "_b"], as_index=False, sort=False).agg({x: "mean", **{y: "mean" for y in ys}})
+    df = df.sort_values([*keys, x], kind="stable")
+    bucket = df.groupby(keys, sort=False).cumcount() // k if keys else pd.Series(np.arange(len(df)) // k, df.index)
+    groups = df[y].groupby([df[color], bucket] if keys else bucket, sort=False)
+    keep = pd.Index(groups.idxmin().dropna()).union(pd.Index(groups.idxmax().dropna()))
+    return df.loc[df.index.isin(keep)]
+
+
+def sparse_series(df: pd.DataFrame, x: str, color: str | None, integer_x: bool) -> set:
+    """The series to draw as points (a line alone would hide them): a single point, far fewer points than the
+    densest series of the chart (evaluations beside training steps), or on a step axis no two points at
+    consecutive steps (a value measured every m steps)."""
+    if df.empty:
+        return set()
+    groups = list(df.groupby(color, sort=False)[x]) if color else [(None, df[x])]
+    densest = max(len(xs) for _, xs in groups)
+    out = set()
+    for name, xs in groups:
+        gaps = np.diff(np.sort(xs.to_numpy(dtype=float)))
+        if len(xs) <= 1 or len(xs) < densest / 5 or (integer_x and len(gaps) and gaps.min() > 1):
+            out.add(name)
+    return out
+
+
+def gap_rows(df: pd.DataFrame, x: str, y: str, color: str | None, skip: set) -> pd.DataFrame:
+    """A row with no value half a step after each point that is followed by a missing step (on an integer axis),
+    in every series but `skip`: its line breaks there instead of joining across steps it has no value for."""
+    parts = []
+    for name, part in (df.groupby(color, sort=False) if color else [(None, df)]):
+        if name in skip:
+            continue
+        xs = np.sort(part[x].to_numpy(dtype=float))
+        before = xs[:-1][np.diff(xs) > 1]
+        if len(before):
+            parts.append(pd.DataFrame({x: before + 0.5, y: np.nan, **({color: name} if color else {})}))
+    return pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=[x, y, *([color] if color else [])])
 
 
 def hover_table(df: pd.DataFrame, x: str, y: str, color: str | None, order: list[str]) -> pd.DataFrame:
@@ -252,6 +288,18 @@ def hover_table(df: pd.DataFrame, x: str, y: str, color: str | None, order: list
     return wide.reset_index()
 
 
+def _tooltip_rows(hover: pd.DataFrame, x: str, x_title: str, names: list[str], integer_x: bool) -> list[dict]:
+    """The crosshair's rows: x, and `tip`, what its tooltip lists: x, then each series' value there (4 significant
+    digits); a series without a value there is left out, never shown as "null" or "NaN"."""
+    out = []
+    for r in _records(hover, hover.columns):
+        at = r[x]
+        tip = {x_title: f"{at:.0f}" if integer_x else f"{at:,.0f}" if float(at).is_integer() else f"{at:,.2f}"}
+        tip.update((n, f"{r[f's{i}']:.4g}") for i, n in enumerate(names) if r.get(f"s{i}") is not None)
+        out.append({x: at, "tip": tip})
+    return out
+
+
 def empty_spec(title: str, height: int, text: str = "not recorded in this run") -> dict:
     """A chart with nothing to draw: its title and a line saying so, at the full width (a chart without data
     would shrink to nothing and clip its title)."""
@@ -267,15 +315,15 @@ def line_spec(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, h
               points: bool = False, integer_x: bool = True, colors: dict[str, str] | None = None) -> dict:
     """Lines (one per `color` value, in order of first appearance), interactive (see the module docstring); a
     `raw` column in `df` is drawn faint under its smoothed line. `colors` fixes the colour of given values.
-    points=True: a scatter with a tooltip per point (few points)."""
+    A sparse series (see `sparse_series`) is drawn as points on its line; a dense one breaks where steps are
+    missing; beyond MAX_POINTS a series is a min/max envelope. points=True: a scatter with a tooltip per point."""
     if df.empty:
         return empty_spec(title, height)
     order = list(dict.fromkeys(df[color])) if color else []  # legend: order of appearance
     raw = "raw" if "raw" in df else None
-    df = thin(df, x, [y, *([raw] if raw else [])], color) if not points else df
     x_title, y_title = x_title or x, y_title or y
     xs = {"field": x, "type": "quantitative", "title": x_title, "scale": {"zero": False, "nice": False}}
-    if integer_x and not df.empty:
+    if integer_x:
         xs["axis"] = _step_axis(float(df[x].min()), float(df[x].max()))
     ys = {"field": y, "type": "quantitative", "title": y_title, "scale": {"zero": zero}}
     if y_domain:
@@ -285,46 +333,70 @@ def line_spec(df: pd.DataFrame, x: str, y: str, color: str | None, title: str, h
         scale = {"domain": order, **({"range": [colors.get(o, NEUTRAL) for o in order]} if colors else {})}
         col = {"color": {"field": color, "type": "nominal", "title": None, "legend": {"orient": "bottom"},
                          "scale": scale}}
-    data_ = {"values": _records(df, [c for c in (x, y, raw, color) if c])}
-    x_tip = {"field": x, "type": "quantitative", "title": x_title, "format": ",.6~g"}
+        if {"lo", "hi"} <= set(df.columns):  # the legend takes its swatches from the faint band: full colour
+            col["color"]["legend"]["symbolOpacity"] = 1
+    x_tip = {"field": x, "type": "quantitative", "title": x_title, "format": "d" if integer_x else ",.6~g"}
     if points:
-        if not df.empty:  # half a step of room: a point at the first or last step is not cut in half
-            xs["scale"]["domain"] = [float(df[x].min()) - 0.5, float(df[x].max()) + 0.5]
+        # half a step of room: a point at the first or last step is not cut in half
+        xs["scale"]["domain"] = [float(df[x].min()) - 0.5, float(df[x].max()) + 0.5]
         tip = [x_tip, {"field": y, "type": "quantitative", "title": y_title, "format": ".4~g"},
                *([{"field": color, "type": "nominal", "title": " "}] if color else [])]
-        return _base(title, height, [{"data": data_, "mark": {"type": "circle", "size": 45, "opacity": 0.85,
-                                                               "strokeWidth": 0},
+        return _base(title, height, [{"data": {"values": _records(df, [c for c in (x, y, color) if c])},
+                                      "mark": {"type": "circle", "size": 45, "opacity": 0.85, "strokeWidth": 0},
                                       "encoding": {"x": xs, "y": ys, **col, "tooltip": tip}}])
+    sparse = sparse_series(df, x, color, integer_x)
+    drawn = envelope(df, x, raw or y, color)
+    hover = hover_table(drawn, x, y, color, order)
+    if integer_x:
+        drawn = pd.concat([drawn, gap_rows(df, x, y, color, sparse).assign(**({raw: np.nan} if raw else {}))],
+                          ignore_index=True).sort_values([*([color] if color else []), x], kind="stable")
+    band = ["lo", "hi"] if {"lo", "hi"} <= set(df.columns) else []  # mean ± sd of a group of runs
+    data_ = {"values": _records(drawn, [c for c in (x, y, raw, *band, color) if c])}
     picked = {"param": "legend", "empty": True}
+    faded = lambda on, off: {"opacity": {"condition": {**picked, "value": on}, "value": off}} if color else {}
+    line = {"type": "line", "clip": True, "invalid": "break-paths-filter-domains"}
+    # the selections live on the first layer: the legend is bound to the first layer that draws it, and a legend
+    # selection on a later one (the smoothed line over the raw one) never sees the click
+    params = [{"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"},
+              *([{"name": "legend", "select": {"type": "point", "fields": [color], "toggle": "true"},
+                  "bind": "legend"}] if color else [])]
     layers = []
+    if band:
+        layers.append({"data": data_, "mark": {"type": "area", "clip": True, "invalid": "break-paths-filter-domains"},
+                       "encoding": {"x": xs, "y": {**ys, "field": "lo"}, "y2": {"field": "hi"}, **col,
+                                    **faded(0.2, 0.04)}})
     if raw:
-        layers.append({"data": data_, "mark": {"type": "line", "strokeWidth": 1, "clip": True},
-                       "encoding": {"x": xs, "y": {**ys, "field": raw}, **col,
-                                    "opacity": {"condition": {**picked, "value": 0.28}, "value": 0.05}}})
-    layers.append({"data": data_, "mark": {"type": "line", "strokeWidth": 1.8, "clip": True},
-                   "params": [{"name": "zoom", "select": {"type": "interval", "encodings": ["x"]}, "bind": "scales"},
-                              *([{"name": "legend", "select": {"type": "point", "fields": [color], "toggle": "true"},
-                                  "bind": "legend"}] if color else [])],
-                   "encoding": {"x": xs, "y": ys, **col,
-                                **({"opacity": {"condition": {**picked, "value": 1}, "value": 0.15}}
-                                   if color else {})}})
+        layers.append({"data": data_, "mark": {**line, "strokeWidth": 1},
+                       "encoding": {"x": xs, "y": {**ys, "field": raw}, **col, **faded(0.28, 0.05)}})
+    layers.append({"data": data_, "mark": {**line, "strokeWidth": 1.8},
+                   "encoding": {"x": xs, "y": ys, **col, **faded(1, 0.15)}})
+    layers[0]["params"] = params
+    if sparse:
+        dots = drawn[drawn[color].isin(sparse)] if color else drawn
+        layers.append({"data": {"values": _records(dots.dropna(subset=[y]), [c for c in (x, y, color) if c])},
+                       "mark": {"type": "circle", "size": 36, "clip": True},
+                       "encoding": {"x": xs, "y": ys, **col, **faded(1, 0.15)}})
     # the crosshair: a rule at the x nearest the pointer (invisible elsewhere) whose tooltip lists every series
-    hover = hover_table(df, x, y, color, order)
+    # that has a value there (a run that ended earlier is left out, never shown as "null")
     names = order or [y_title]
-    tips = [x_tip, *({"field": f"s{i}", "type": "quantitative", "title": n, "format": ".4~g"}
-                     for i, n in enumerate(names))]
-    layers.append({"data": {"values": _records(hover, hover.columns)},
+    layers.append({"data": {"values": _tooltip_rows(hover, x, x_title, names, integer_x)},
                    "params": [{"name": "hover", "select": {"type": "point", "fields": [x], "nearest": True,
                                                            "on": "pointerover", "clear": "pointerout"}}],
-                   "mark": {"type": "rule", "strokeWidth": 1, "color": NEUTRAL},
+                   "mark": {"type": "rule", "strokeWidth": 1, "color": NEUTRAL, "aria": False},
                    "encoding": {"x": xs, "opacity": {"condition": {"param": "hover", "empty": False, "value": 0.7},
-                                                     "value": 0}, "tooltip": tips}})
-    dots = hover.melt(id_vars=x, var_name="_s", value_name=y).dropna(subset=[y])
-    dots["_s"] = dots["_s"].map({f"s{i}": n for i, n in enumerate(names)})
-    layers.append({"data": {"values": _records(dots.rename(columns={"_s": color or "_s"}), [x, y, color or "_s"])},
-                   "transform": [{"filter": {"param": "hover", "empty": False}}],
-                   "mark": {"type": "circle", "size": 40, "opacity": 1, "clip": True},
-                   "encoding": {"x": xs, "y": ys, **col}})
+                                                     "value": 0}, "tooltip": {"field": "tip", "type": "nominal"}}})
+    # a dot per series at the crosshair; the first row always passes the filter, unseen: a layer filtered down to
+    # nothing would give the shared scales an infinite extent (a console warning on every draw)
+    at = hover.melt(id_vars=x, var_name="_s", value_name=y).dropna(subset=[y])
+    at["_s"] = at["_s"].map({f"s{i}": n for i, n in enumerate(names)})
+    at = at.rename(columns={"_s": color or "_s"}).assign(_anchor=False)
+    at.iloc[:1, at.columns.get_loc("_anchor")] = True
+    unseen = {"test": {"and": [{"field": "_anchor", "equal": True}, {"not": {"param": "hover", "empty": False}}]}}
+    layers.append({"data": {"values": _records(at, [x, y, color or "_s", "_anchor"])},
+                   "transform": [{"filter": {"or": [{"param": "hover", "empty": False},
+                                                    {"field": "_anchor", "equal": True}]}}],
+                   "mark": {"type": "circle", "size": 40, "clip": True, "aria": False},
+                   "encoding": {"x": xs, "y": ys, **col, "opacity": {"condition": {**unseen, "value": 0}, "value": 1}}})
     return _base(title, height, layers)
 
 
@@ -447,6 +519,17 @@ def time_spec(steps: pd.DataFrame, height: int = 200) -> dict:
                         "seconds", height)
 
 
+# one line per term of the batch charts (μ = a group's correct / G), in the paper's words
+BATCH_TERMS = "<br>".join((
+    "<b>B_bad</b>: prompts whose fresh group failed (μ ≤ c1), generated for again with the current policy every m "
+    "steps; promoted into X2 when it now does better (c1 < μ < 1 by default).",
+    "<b>B_high</b>: groups of the last few steps with c2 ≤ μ ≤ c3, replayed with their stored responses as X3 to "
+    "fill the batch up to B.",
+    "<b>c1</b>: the failure threshold (1/8 by default); <b>c2</b>, <b>c3</b>: the band of μ that B_high keeps.",
+    "<b>r_tot</b>: the running mean reward of all fresh rollouts so far; c2 and c3 move with it (eq. 8).",
+))
+
+
 def buffers_frame(steps: pd.DataFrame) -> pd.DataFrame:
     return long(steps, "step", BUFFERS, "groups", "buffer")
 
@@ -471,17 +554,38 @@ def batch_text(steps: pd.DataFrame) -> str:
 # ----------------------------------------------------------------------------- Training health
 
 
-def health_frames(metrics: pd.DataFrame) -> list[tuple[str, pd.DataFrame]]:
-    """(title, long frame (step, value, series)) per HEALTH chart, from the table of every per-step metric
-    (Run.metrics()); the derived staleness is added here."""
+KL_OFF = "kl_coef = 0: no KL term, no KL to the reference"
+
+
+def measured(metrics: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """The per-step metrics with what was not measured missing instead of the 0.0 the record holds: the
+    re-evaluated reward at a step that re-evaluated nothing, and the KL to the reference when the KL term is off
+    (kl_coef = 0: there is no reference model)."""
+    masks = {}
+    if "reevaluated_reward" in metrics and "rollouts_reevaluated" in metrics:
+        masks["reevaluated_reward"] = metrics["rollouts_reevaluated"].fillna(0) <= 0
+    if "kl" in metrics and config.get("kl_coef") == 0:
+        masks["kl"] = pd.Series(True, index=metrics.index)
+    if not masks:
+        return metrics
+    out = metrics.assign(**{c: metrics[c].mask(m) for c, m in masks.items()})
+    return out.drop(columns=[c for c in masks if out[c].isna().all()])
+
+
+def health_frames(metrics: pd.DataFrame, config: dict | None = None) -> list[tuple[str, str, pd.DataFrame]]:
+    """(title, y-axis title, long frame (step, value, series)) per HEALTH chart, from the table of every per-step
+    metric (Run.metrics(), through `measured`); the derived staleness is added here, and the KL chart says when
+    the KL term is off."""
     if STALENESS not in metrics and {"policy_version", "rollout_version"} <= set(metrics):
         metrics = metrics.assign(**{STALENESS: metrics["policy_version"] - metrics["rollout_version"]})
-    return [(title, long(metrics, "step", cols, "value", "series")) for title, cols in HEALTH]
+    kl_off = (config or {}).get("kl_coef") == 0
+    return [(f"{title} ({KL_OFF})" if kl_off and "kl" in cols else title, y_title,
+             long(metrics, "step", cols, "value", "series")) for title, y_title, cols in HEALTH]
 
 
 def other_metrics(metrics: pd.DataFrame) -> list[str]:
     """The per-step metrics that no Training-health chart shows (a backend's own, the batch counters...)."""
-    shown = {c for _, cols in HEALTH for c in cols} | {"step", "time", "policy_version", "rollout_version"}
+    shown = {c for *_, cols in HEALTH for c in cols} | {"step", "time", "policy_version", "rollout_version"}
     return [c for c in metrics.columns if c not in shown]
 
 
@@ -521,6 +625,17 @@ def ledger_curve(ledger: pd.DataFrame, steps: pd.Series) -> pd.DataFrame:
     solved = solved.reindex(idx, fill_value=0).cumsum()
     wide = pd.DataFrame({"step": idx, "seen": seen.to_numpy(), "solved": solved.to_numpy()})
     return long(wide, "step", {"seen": HARD_SEEN, "solved": HARD_SOLVED}, "prompts", "series")
+
+
+def solved_share(ledger: pd.DataFrame, steps: pd.Series) -> np.ndarray:
+    """Per step: of the hard prompts generated for again by then (retried), the % that reached >= 1/G by then;
+    NaN while none was retried (a run that never retries has no such share)."""
+    at = np.asarray(steps, dtype=float)
+    retried = np.sort(ledger["first_retry"].dropna().to_numpy(dtype=float))
+    solved = np.sort(ledger["first_solved"].dropna().to_numpy(dtype=float))
+    n = np.searchsorted(retried, at, side="right")
+    k = np.searchsorted(solved, at, side="right")
+    return np.where(n > 0, 100 * k / np.maximum(n, 1), np.nan)
 
 
 def ledger_text(ledger: pd.DataFrame, G: int) -> str:
@@ -650,7 +765,10 @@ def matrix_style(df: pd.DataFrame):
             out.append(css + ("; font-weight: bold" if i == j else ""))
         return out
 
-    return df.style.apply(shade, subset=list(df.columns[1:]))
+    styler = df.style.apply(shade, subset=list(df.columns[1:]))
+    if any(pd.api.types.is_float_dtype(t) for t in df.dtypes.iloc[1:]):  # row %: one decimal, never "81.400000"
+        styler = styler.format("{:.1f}", subset=list(df.columns[1:]))
+    return styler
 
 
 # ----------------------------------------------------------------------------- Prompt drill-down
@@ -703,11 +821,29 @@ def list_text(what: str, n: int, shown: int) -> str:
             f"(pick one above)</p>")
 
 
+# ----------------------------------------------------------------------------- Responses at a step
+
+
+def responses_text(step: int, wanted: int | None, n: int, total: int, shown: int, sampled_steps: int,
+                   query: str) -> str:
+    """What the responses table holds: the step (and why, if not the one asked for), how many match of those
+    sampled there, and how many are listed."""
+    moved = "" if wanted is None or wanted == step else f" (no responses were sampled at step {wanted})"
+    what = f" containing <code>{html.escape(query)}</code>" if query else ""
+    more = f"; the first {shown} listed" if n > shown else ""
+    return (f"step <b id='responses-at'>{step}</b>{moved}: <b id='responses-n'>{n}</b> of {total} sampled responses"
+            f"{what} match{more} · responses were sampled at {sampled_steps} step(s); the record keeps a sample of "
+            f"each step's responses, not all of them")
+
+
 # ----------------------------------------------------------------------------- Compare runs
 
 X_STEP, X_ROLLOUTS, X_WALL = "step", "rollouts generated", "wall time (min)"
 X_AXES = (X_STEP, X_ROLLOUTS, X_WALL)
 SOLVED_METRIC = "hard prompts solved later (cumulative)"
+SOLVED_SHARE = "solved % of retried (cumulative)"  # the ledger's measure that compares runs that retry
+# the evaluation metrics Compare offers: accuracies, not the counts beside them (problems, k, verdicts, set size)
+EVAL_MEASURES = ("mean@k", "pass@k", "greedy", "unlocked_fraction")
 
 
 def compare_metrics(metrics_by_run: dict[str, pd.DataFrame], evals_by_run: dict[str, pd.DataFrame]) -> list[str]:
@@ -718,8 +854,8 @@ def compare_metrics(metrics_by_run: dict[str, pd.DataFrame], evals_by_run: dict[
     for m in metrics_by_run.values():
         seen.update(dict.fromkeys(c for c in m.columns if c not in ("step", "time")))
     evals = dict.fromkeys(f"{EVAL_PREFIX}{n} {k}" for e in evals_by_run.values() if not e.empty
-                          for n, k in zip(e["name"], e["metric"]))
-    return [*seen, *evals, SOLVED_METRIC]
+                          for n, k in zip(e["name"], e["metric"]) if k in EVAL_MEASURES)
+    return [*seen, *evals, SOLVED_METRIC, SOLVED_SHARE]
 
 
 def wall_minutes(metrics: pd.DataFrame, started: float | None) -> pd.Series:
@@ -745,6 +881,8 @@ def compare_frame(runs: dict[str, dict], metric: str, x_axis: str) -> pd.DataFra
             curve = ledger_curve(r["ledger"], m["step"])
             ys = curve[curve["series"] == HARD_SOLVED].set_index("step")["prompts"].reindex(m["step"]).to_numpy()
             df = pd.DataFrame({"x": xs.to_numpy(), "value": ys})
+        elif metric == SOLVED_SHARE:
+            df = pd.DataFrame({"x": xs.to_numpy(), "value": solved_share(r["ledger"], m["step"])})
         elif metric.startswith(EVAL_PREFIX) and metric not in m:
             e = r["evals"]
             e = e[(EVAL_PREFIX + e["name"] + " " + e["metric"]) == metric]
@@ -762,36 +900,124 @@ def compare_frame(runs: dict[str, dict], metric: str, x_axis: str) -> pd.DataFra
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["x", "value", "run"])
 
 
+GROUP_NONE, GROUP_ALGO, GROUP_SEED = "each run", "algorithm", "seed"
+GROUPINGS = {GROUP_NONE: None, GROUP_ALGO: "algo", GROUP_SEED: "seed"}  # Compare's "group runs by": config field
+
+
+def group_of(config: dict, grouping: str) -> str:
+    """The group a run belongs to under `grouping` (GROUPINGS): its algorithm, or 'seed <n>'."""
+    value = config.get(GROUPINGS[grouping], "?")
+    return f"seed {value}" if grouping == GROUP_SEED else str(value)
+
+
+def grouped_frame(curves: pd.DataFrame, groups: dict[str, str]) -> tuple[pd.DataFrame, list[str]]:
+    """(x, value, lo, hi, run) with `run` = '<group> (n runs)': per group, the mean of its runs' curves (x, value,
+    run) and the band mean ± sd, at every x of any of its runs within the range all of them reached (each run
+    interpolated linearly between its own points): equal x for every run, e.g. equal rollouts. Also the groups
+    left out because their runs share no x range."""
+    out, apart = [], []
+    for group in dict.fromkeys(groups[r] for r in dict.fromkeys(curves["run"]) if r in groups):
+        members = [r for r in dict.fromkeys(curves["run"]) if groups.get(r) == group]
+        series = [curves[curves["run"] == r].sort_values("x").drop_duplicates("x", keep="last") for r in members]
+        lo, hi = max(s["x"].min() for s in series), min(s["x"].max() for s in series)
+        if lo > hi:
+            apart.append(group)
+            continue
+        grid = np.unique(np.concatenate([s["x"].to_numpy(dtype=float) for s in series]))
+        grid = grid[(grid >= lo) & (grid <= hi)]
+        values = np.vstack([np.interp(grid, s["x"].to_numpy(dtype=float), s["value"].to_numpy(dtype=float))
+                            for s in series])
+        mean, sd = values.mean(axis=0), values.std(axis=0, ddof=1) if len(series) > 1 else np.zeros(len(grid))
+        label = f"{group} ({len(series)} run{'s' if len(series) > 1 else ''})"
+        out.append(pd.DataFrame({"x": grid, "value": mean, "lo": mean - sd, "hi": mean + sd, "run": label}))
+    frame = pd.concat(out, ignore_index=True) if out else pd.DataFrame(columns=["x", "value", "lo", "hi", "run"])
+    return frame, apart
+
+
+# the runs table: config fields (column title) shown for every run compared
+CONFIG_COLUMNS = {"algo": "algo", "task": "task", "model": "model", "seed": "seed", "batch_size": "B",
+                  "group_size": "G", "delay": "v", "reeval_every": "m", "lr": "lr"}
+DIFFERS = "background-color: #fde68a; color: #1f2937; font-weight: bold"  # a config value not shared by all runs
+
+
+def runs_table(configs: dict[str, dict]) -> pd.DataFrame:
+    """One row per run: its label and the CONFIG_COLUMNS of its config ('' where it has none)."""
+    rows = [{"run": label, **{title: _cell(config.get(field)) for field, title in CONFIG_COLUMNS.items()}}
+            for label, config in configs.items()]
+    return pd.DataFrame(rows, columns=["run", *CONFIG_COLUMNS.values()])
+
+
+def _cell(value) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def differing(table: pd.DataFrame) -> list[str]:
+    """The config columns of the runs table whose values are not the same for every run."""
+    return [c for c in table.columns[1:] if table[c].nunique() > 1]
+
+
+def runs_style(table: pd.DataFrame):
+    """The runs table with the columns that differ between the runs shaded (DIFFERS), readable on a light and a
+    dark page."""
+    cols = differing(table)
+    return table.style.apply(lambda col: [DIFFERS] * len(col), subset=cols) if cols and len(table) else table.style
+
+
 HARD_SET_COLUMN = "held-out hard set unlocked (algorithm-neutral)"
+HARD_COLUMN, RETRIED_COLUMN = "hard (0/G at first)", "retried"
 
 
 def compare_table(runs: dict[str, dict]) -> pd.DataFrame:
-    """A summary row per run: size, reward early and late, the ledger with its retries (comparable between runs
-    that retry), and the held-out hard set unlocked (comparable between any runs)."""
+    """A summary row per run: its algorithm and task, size, reward early and late, the ledger with its retries
+    (comparable between runs that retry), and the held-out hard set unlocked (comparable between any runs)."""
     rows = []
     for label, r in runs.items():
         s = summary(r["steps"], r["ledger"])
         retried, solved_r, frac_r = retry_counts(r["ledger"])
-        rows.append({"run": label, "steps": s["last_step"], "rollouts": s["rollouts"],
+        config = r.get("config", {})
+        rows.append({"run": label, "algo": config.get("algo", "?"), "task": config.get("task", "?"),
+                     "steps": s["last_step"], "rollouts": s["rollouts"],
                      "fresh reward, first 20 %": _round(s["fresh_reward_first"], 4),
                      "fresh reward, last 20 %": _round(s["fresh_reward_last"], 4),
-                     "hard (0/G at first)": s["first_unsolved"], "retried": retried,
+                     HARD_COLUMN: s["first_unsolved"], RETRIED_COLUMN: retried,
                      "later solved": s["later_solved"],
                      "solved % of all": round(100 * s["later_solved_fraction"], 1),
                      "solved % of retried": round(100 * frac_r, 1) if retried else None,
                      HARD_SET_COLUMN: hard_set_cell(r["evals"])})
-    cols = ["run", "steps", "rollouts", "fresh reward, first 20 %", "fresh reward, last 20 %", "hard (0/G at first)",
-            "retried", "later solved", "solved % of all", "solved % of retried", HARD_SET_COLUMN]
+    cols = ["run", "algo", "task", "steps", "rollouts", "fresh reward, first 20 %", "fresh reward, last 20 %",
+            HARD_COLUMN, RETRIED_COLUMN, "later solved", "solved % of all", "solved % of retried", HARD_SET_COLUMN]
     return pd.DataFrame(rows, columns=cols)
 
 
+def group_text(grouping: str, x_axis: str, apart: list[str]) -> str:
+    """What a grouped comparison draws, and the groups it could not."""
+    text = (f"<span id='compare-grouped'>grouped by {grouping}: each line is the mean of its runs at equal "
+            f"{x_axis}, the band ± one standard deviation, over the range every run of the group reached")
+    if x_axis != X_ROLLOUTS:
+        text += f" (x-axis '{X_ROLLOUTS}' compares them at equal rollouts)"
+    text += "</span>"
+    if apart:
+        text += f"<br>not drawn: {html.escape(', '.join(apart))} (their runs share no range of {x_axis})"
+    return text
+
+
 def compare_notes(table: pd.DataFrame, errors: dict[str, str]) -> str:
-    """What the comparison cannot show as numbers: runs that could not be read, and runs that never generate a
-    hard prompt again (their 'later solved' is 0 by construction, not comparable with a run that retries)."""
+    """What the comparison cannot show as numbers: runs that could not be read, runs of different tasks on one
+    axis, and runs that never generate a hard prompt again (their 'later solved' is 0 by construction, not
+    comparable with a run that retries)."""
     notes = [f"<b class='compare-error'>{html.escape(lab)}</b>: {html.escape(msg)}" for lab, msg in errors.items()]
-    for r in table.itertuples(index=False):
-        if r[5] and not r[6]:  # hard prompts, none retried
-            notes.append(f"<span class='compare-never'><b>{html.escape(str(r[0]))}</b> never generated a hard prompt "
-                         f"again (no re-evaluation): its 'later solved' is 0 by construction; compare "
+    tasks = sorted(set(map(str, table["task"])))
+    if len(tasks) > 1:
+        notes.append(f"<span class='compare-tasks'>these runs train on different tasks "
+                     f"({html.escape(', '.join(tasks))}): their curves share the axes but measure different "
+                     f"things</span>")
+    for row in table.to_dict("records"):
+        if row[HARD_COLUMN] and not row[RETRIED_COLUMN]:  # hard prompts, none retried
+            notes.append(f"<span class='compare-never'><b>{html.escape(str(row['run']))}</b> never generated a hard "
+                         f"prompt again (no re-evaluation): its 'later solved' is 0 by construction; compare "
                          f"'solved % of retried', or the held-out hard set (scripts/study.py)</span>")
     return "<br>".join(notes) if notes else ""

@@ -8,7 +8,9 @@ read is cached until the record changes, so a dashboard polling a live run pays 
     numpy columns (`Generated`), read incrementally: an update scans only the steps committed since the last one
     (a primary-key range) and starts over only if older steps were rewritten (a resumed run).
 The hard-problem ledger, accuracy bins and migration matrices are computed from those columns, with one bin rule
-(`accuracy_bin`) and one rule for a prompt generated twice at one step: it counts once, by its fresh group.
+(`accuracy_bin`) and one rule for a prompt generated twice at one step: it counts once, by its fresh group. So a
+prompt that was 0/G fresh and then >= 1/G when re-evaluated from B_bad at that same step is a hard prompt, retried
+and solved at that step.
 `read_run` is the run as plain JSON (`bapo runs show --json`); `summary` is the run in a few numbers.
 
 Costs at 40,000 prompts x 500 steps (about 160,000 prompt_steps rows): the per-step table is 500 rows; the first
@@ -134,21 +136,36 @@ class Generated:
         out[self.cols["code"][rows]] = accuracy_bin(self.cols["correct"][rows], self.cols["G"][rows], G)
         return out
 
-    def ledger(self) -> pd.DataFrame:
-        """The hard-problem ledger: uid, first_seen, first_solved (<NA> while unsolved) of the prompts whose every
-        group at their first generated step was 0/G; first_solved = the lowest later step with >= 1 correct."""
-        step, code, correct = self.cols["step"], self.cols["code"], self.cols["correct"]
+    def _first_groups(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(first_seen per uid code, the row each prompt counts by at that step, the other rows): a prompt generated
+        twice at its first step (fresh, then re-evaluated from B_bad at the same step) counts by its fresh group
+        there (the step's last row); the re-evaluation is a later try like any other."""
+        step, code = self.cols["step"], self.cols["code"]
         n = len(self.uids)
         first_seen = np.full(n, np.iinfo(np.int64).max)
         np.minimum.at(first_seen, code, step)
-        at_first = step == first_seen[code]
-        best_at_first = np.full(n, -1)
-        np.maximum.at(best_at_first, code[at_first], correct[at_first])
-        later = ~at_first & (correct >= 1)
+        at_first = np.flatnonzero(step == first_seen[code])
+        _, last = np.unique(code[at_first][::-1], return_index=True)  # the last row per uid = its first in reverse
+        counted = at_first[::-1][last]  # in uid-code order
+        others = np.ones(len(step), dtype=bool)
+        others[counted] = False
+        return first_seen, counted, others
+
+    def ledger(self) -> pd.DataFrame:
+        """The hard-problem ledger: uid, first_seen, first_solved (<NA> while unsolved) of the prompts whose group
+        at their first generated step was 0/G (by the fresh group, if it was also re-evaluated at that step);
+        first_solved = the lowest step of any other generated group with >= 1 correct (the first step itself when
+        its re-evaluation already solved it)."""
+        step, code, correct = self.cols["step"], self.cols["code"], self.cols["correct"]
+        n = len(self.uids)
+        first_seen, counted, others = self._first_groups()
+        hard = np.zeros(n, dtype=bool)
+        hard[code[counted]] = correct[counted] == 0
+        later = others & (correct >= 1)
         solved = np.full(n, -1)
         lc, li = np.unique(code[later], return_index=True)  # rows are in step order: first occurrence = lowest
         solved[lc] = step[later][li]
-        hard = np.flatnonzero(best_at_first == 0)
+        hard = np.flatnonzero(hard)
         out = pd.DataFrame({"uid": np.array(self.uids, dtype=object)[hard] if n else np.array([], dtype=object),
                             "first_seen": first_seen[hard],
                             "first_solved": pd.array(np.where(solved[hard] >= 0, solved[hard], 0), dtype="Int64")})
@@ -156,16 +173,25 @@ class Generated:
         return out.sort_values(["first_seen", "uid"], kind="stable").reset_index(drop=True)
 
     def retries(self) -> np.ndarray:
-        """Per uid code, how many later steps the prompt was generated for again after the step it was first
-        generated for (a prompt generated twice at one step counts once)."""
+        """Per uid code, how many more times the prompt was generated for after the group it counts by at its first
+        step: a re-evaluation at that same step counts, and so does each later step (a prompt generated twice at
+        one later step counts once)."""
         step, code = self.cols["step"], self.cols["code"]
         n = len(self.uids)
-        first_seen = np.full(n, np.iinfo(np.int64).max)
-        np.minimum.at(first_seen, code, step)
-        later = step > first_seen[code]
+        _, _, others = self._first_groups()
         span = int(step.max()) + 1 if len(step) else 1
-        pairs = np.unique(code[later] * span + step[later])  # one key per (prompt, step)
+        pairs = np.unique(code[others] * span + step[others])  # one key per (prompt, step)
         return np.bincount(pairs // span, minlength=n)
+
+    def first_retries(self) -> np.ndarray:
+        """Per uid code, the step at which the prompt was first generated for again after the group it counts by
+        at its first step (that step itself for a re-evaluation there); -1 if never."""
+        step, code = self.cols["step"], self.cols["code"]
+        _, _, others = self._first_groups()
+        out = np.full(len(self.uids), -1)
+        c, i = np.unique(code[others], return_index=True)  # rows are in step order: first occurrence = lowest
+        out[c] = step[others][i]
+        return out
 
     def regenerated_pair(self) -> tuple[int, int, int] | None:
         """(a, b, n): the pair of steps a < b with the most prompts generated for at a and next generated for at
@@ -368,7 +394,8 @@ class Run:
             return self._ledger
 
     def ledger_retries(self) -> pd.DataFrame:
-        """The ledger with a `retries` column: how many later steps each hard prompt was generated for again."""
+        """The ledger with a `retries` column (how many more times each hard prompt was generated for, see
+        Generated.retries) and `first_retry` (the step of the first of them, <NA> if none)."""
         with self._lock:
             self._update_generated()
             if self._ledger is None:
@@ -377,7 +404,10 @@ class Run:
             if "ledger_retries" not in self._derived:
                 gen = self._generated
                 codes = np.array([gen.index[u] for u in ledger["uid"]], dtype=np.int64)
-                self._derived["ledger_retries"] = ledger.assign(retries=gen.retries()[codes] if len(codes) else 0)
+                first = gen.first_retries()[codes] if len(codes) else np.zeros(0, dtype=np.int64)
+                self._derived["ledger_retries"] = ledger.assign(
+                    retries=gen.retries()[codes] if len(codes) else 0,
+                    first_retry=pd.array([int(f) if f >= 0 else pd.NA for f in first], dtype="Int64"))
             return self._derived["ledger_retries"]
 
     def regenerated_pair(self) -> tuple[int, int, int] | None:

@@ -19,8 +19,8 @@ import torch
 from bapo_vl.backends.base import CheckpointError, load_checkpoint_file
 from bapo_vl.config import Config, ConfigError, as_override, one_line
 from bapo_vl.plugins import check_load_options, get_task
-from bapo_vl.record import (DB_NAME, FILTERED, FRESH, GENERATED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir,
-                            make_sinks, query_ro, sql_in)
+from bapo_vl.record import (DB_NAME, FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir, make_sinks,
+                            query_ro)
 from bapo_vl.trainer import StepResult, Trainer
 
 log = logging.getLogger(__name__)
@@ -338,18 +338,17 @@ def failure_message(run_dir: Path, error: Exception, marked: bool) -> str:
 
 def learning_summary(run_dir: Path) -> str:
     """What a run learned, from its record: fresh reward over its first and last 20 % of steps, X2 promotions,
-    and the hard prompts (a fresh group all wrong) that a later generation answered right."""
+    and the hard-problem ledger's count (prompts 0/G when first generated that a later generation, or a
+    re-evaluation in the same step, answered right; bapo_vl.reader)."""
+    from bapo_vl.reader import Run, ledger_counts
+
     rewards = [r for (r,) in query_ro(run_dir, "SELECT fresh_reward FROM steps ORDER BY step")]
     if not rewards:
         return "learned: no steps recorded"
     n = max(1, len(rewards) // 5)
     first, last = sum(rewards[:n]) / n, sum(rewards[-n:]) / n
     promoted = query_ro(run_dir, "SELECT COALESCE(SUM(x2), 0) FROM steps")[0][0]
-    hard = query_ro(run_dir, f"SELECT COUNT(DISTINCT uid) FROM prompt_steps WHERE {sql_in(FRESH)} AND correct = 0"
-                    )[0][0]
-    solved = query_ro(run_dir, f"""SELECT COUNT(DISTINCT h.uid) FROM prompt_steps h JOIN prompt_steps s
-        ON s.uid = h.uid AND s.step > h.step AND s.correct > 0 AND s.{sql_in(GENERATED)}
-        WHERE h.{sql_in(FRESH)} AND h.correct = 0""")[0][0]
+    hard, solved, _ = ledger_counts(Run(run_dir).ledger())
     return (f"learned: fresh reward {first:.3f} (first {n} steps) -> {last:.3f} (last {n}); {promoted} X2 "
             f"promotions; {solved} of {hard} hard prompts (all wrong when first drawn) answered right later")
 

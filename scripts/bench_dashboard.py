@@ -38,9 +38,10 @@ from bapo_vl.app import data, views
 from bapo_vl.reader import Run, read_run
 
 def _compare(runs, **kw):
-    args = {"metric": None, "x_axis": views.X_STEP, "weight": 0.0, **kw}
+    args = {"metric": None, "x_axis": views.X_STEP, "weight": 0.0, "grouping": views.GROUP_NONE, **kw}
     return D.render_compare({r.label: r for r in runs}, [r.label for r in runs], args["metric"], args["x_axis"],
-                            args["weight"], {r.label: views.RUN_COLORS[i] for i, r in enumerate(runs)}, OUT)
+                            args["weight"], {r.label: views.RUN_COLORS[i] for i, r in enumerate(runs)}, OUT,
+                            args["grouping"])
 
 
 def _click_x2(run, runs):
@@ -60,6 +61,7 @@ TABS = {
     D.TAB_LEDGER: lambda run, runs: D.render_ledger(run, views.LEDGER_FILTERS[0]),
     D.TAB_BINS: lambda run, runs: D.render_bins(run, D.BIN_MODES[0], None, None, views.CELLS[0]),
     D.TAB_PROMPT: lambda run, runs: D.render_prompt(run, None),
+    D.TAB_RESPONSES: lambda run, runs: D.render_responses(run, None, None, None, ""),
     D.TAB_COMPARE: lambda run, runs: _compare(runs),
 }
 # the controls: what the server runs when one is changed, the tab it is on open
@@ -69,16 +71,20 @@ CONTROLS = {
     "other metric t_train (Training health)": lambda run, runs: D.render_health(run, 0.0, "t_train"),
     "ledger: never retried": lambda run, runs: D.render_ledger(run, views.LEDGER_NEVER),
     "migration: row %": lambda run, runs: D.render_bins(run, D.BIN_MODES[0], None, None, views.CELLS_ROW),
-    "compare: metric kl": lambda run, runs: _compare(runs, metric="kl"),
+    "compare: metric entropy": lambda run, runs: _compare(runs, metric="entropy"),
     "compare: x-axis wall time": lambda run, runs: _compare(runs, x_axis=views.X_WALL),
     "compare: x-axis rollouts, smoothing 0.9": lambda run, runs: _compare(runs, x_axis=views.X_ROLLOUTS, weight=0.9),
+    "compare: grouped by algorithm, x-axis rollouts": lambda run, runs: _compare(runs, x_axis=views.X_ROLLOUTS,
+                                                                                  grouping=views.GROUP_ALGO),
+    "responses: verdict unparsable, text search": lambda run, runs: D.render_responses(run, None, ["unparsable"],
+                                                                                         None, "answer"),
     "click-through: an X2 bar": _click_x2,
 }
 # a drawn mark that says the tab finished rendering in the browser
 DRAWN = {D.TAB_OVERVIEW: ("overview-reward", "line"), D.TAB_HEALTH: ("health-0", "line"),
          D.TAB_BATCH: ("batch-composition", "rect"), D.TAB_LEDGER: ("ledger-curve", "line"),
          D.TAB_BINS: ("bins-hist-a", "rect"), D.TAB_PROMPT: ("prompt-history", "symbol"),
-         D.TAB_COMPARE: ("compare-solved", "line")}
+         D.TAB_RESPONSES: ("responses-table", None), D.TAB_COMPARE: ("compare-solved", "line")}
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 
@@ -180,6 +186,9 @@ while True:
 
 def drawn(page, tab) -> None:
     elem, mark = DRAWN[tab]
+    if mark is None:  # a table: until its rows are there
+        page.wait_for_function(f"document.querySelectorAll('#{elem} [role=gridcell]').length > 0", timeout=120_000)
+        return
     page.wait_for_function(f"(() => {{ const svg = document.querySelector('#{elem} svg.marks'); return !!svg && "
                            f"svg.getBoundingClientRect().width > 0 && "
                            f"svg.querySelectorAll('g.mark-{mark} path').length > 0; }})()", timeout=120_000)
@@ -225,10 +234,13 @@ BROWSER_CONTROLS = [
      lambda page: _pick(page, "t_train"), ("health-other", "line")),
     ("migration: row %", D.TAB_BINS, nothing,
      lambda page: page.locator("#bins-cells").get_by_text(views.CELLS_ROW).click(), None),
-    ("compare: metric kl", D.TAB_COMPARE, lambda page: _open(page, "compare-metric"), lambda page: _pick(page, "kl"),
-     ("compare-plot", "line")),
+    ("compare: metric entropy", D.TAB_COMPARE, lambda page: _open(page, "compare-metric"),
+     lambda page: _pick(page, "entropy"), ("compare-plot", "line")),
     ("compare: x-axis wall time", D.TAB_COMPARE, nothing,
      lambda page: page.locator("#compare-x").get_by_text(views.X_WALL).click(), ("compare-plot", "line")),
+    ("compare: grouped by algorithm", D.TAB_COMPARE, nothing,
+     lambda page: page.locator("#compare-group").get_by_text(views.GROUP_ALGO, exact=True).click(),
+     ("compare-plot", "line")),
     ("click-through: an X2 bar", D.TAB_BATCH, nothing, _x2_bar, ("prompt-history", "symbol")),
 ]
 

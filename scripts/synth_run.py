@@ -11,7 +11,9 @@ replays of B_high groups of the last 3 steps filling the batch up to B; threshol
 `bapo_vl.algorithm.Thresholds` (eq. 8); the metrics the trainer logs (bins, buffer sizes, rollouts, rewards,
 loss terms, KL, grad norm, importance ratio, timings split into generate/score/train/sync, verdicts), a few
 sampled responses per step, and a held-out evaluation every 25 steps. `--images` attaches a small PNG diagram to
-the prompts whose responses are sampled (as a Geometry3K record has one per prompt). `--sleep S` writes one step every S seconds (a live run for the dashboard).
+the prompts whose responses are sampled (as a Geometry3K record has one per prompt). `--sleep S` writes one step
+every S seconds (a live run for the dashboard: it holds the run directory's lock, as a trainer does, so readers
+show it as running).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ import numpy as np
 
 from bapo_vl.algorithm import Thresholds
 from bapo_vl.problem import Problem
-from bapo_vl.record import FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord
+from bapo_vl.record import FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir
 
 SAMPLED_EVERY = 20  # responses are sampled (and, with --images, diagrams drawn) for every 20th prompt
 
@@ -109,6 +111,7 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
               "steps": steps, "batch_size": B, "group_size": G, "delay": delay, "reeval_every": m,
               "reeval_max": reeval_max, "high_max_age": high_max_age, "c1": 1 / G, "c2_range": [1 / 8, 4 / 8],
               "c3_range": [2 / 8, 5 / 8], "seed": seed, "synthetic": True}
+    lock = lock_run_dir(out)  # held while writing, as a trainer holds it: readers show the run as running
     record = RunRecord.create(out, config, name=name or out.name, backend="synthetic")
     record.log_problems(make_problems(prompts, images, prng))
     # logit of the initial success probability: most prompts are within reach, a quarter are (nearly) out of it
@@ -210,6 +213,7 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
             time.sleep(sleep)
     record.finish()
     record.close()
+    lock.close()
     return out
 
 

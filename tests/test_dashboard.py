@@ -8,7 +8,11 @@ both steps, and a step written after the page loaded appears without a reload. T
 match, a hostile prompt text, unreadable records, one palette, tick labels, smoothing as typed and the login limit
 (each failed on the dashboard before it, but the palette test: one palette was already in use), and the
 Training-health tab with its ETA, the ledger's retries, the migration defaults and row %, Compare's interactions,
-colours and CSV, and click-through to prompts.
+colours and CSV, and click-through to prompts. Then what the line charts draw (a same-step rescue in the ledger,
+gaps where nothing was measured, single points, tooltips without "null", min/max envelopes), charts that keep
+their zoom and legend choice across polls, tabs and smoothing, the small things that read wrong (row %, an empty
+cell, axis titles, console warnings, a synthetic record being written), the responses at a step, and Compare's
+groups of runs, settings table and runs that appear under a served folder; each of these failed before its fix.
 
 Browser tests need Debian's chromium (`apt-get install -y chromium`) and `pip install playwright` (never
 `playwright install`); they skip without them. BAPO_DASHBOARD_SCREENSHOTS=DIR saves a 1280x800 PNG of each tab.
@@ -35,7 +39,7 @@ import pandas as pd  # noqa: E402
 
 from bapo_vl import record as R  # noqa: E402
 from bapo_vl.app import data, views  # noqa: E402
-from bapo_vl.reader import Run  # noqa: E402
+from bapo_vl.reader import Run, ledger_counts  # noqa: E402
 from bapo_vl.record import FILTERED, FRESH, GENERATED, X1, X2, X3, sql_in  # noqa: E402
 from bapo_vl.app.cli import add_parser, cmd_dashboard  # noqa: E402
 from bapo_vl.app.dashboard import BIN_MODES, MODE_AT, TAB_TITLES  # noqa: E402
@@ -57,6 +61,8 @@ HOSTILE = ("What is 2 + 2?\n```\n</pre></code><img id=\"evil\" src=\"http://evil
            "**not bold** <script>window.__pwned = 1</script>")
 # tiny-live's held-out hard-set evaluation (as scripts/study.py records it); tiny has none
 STUDY_EVAL = {"unlocked_fraction": 0.375, "hard_set_size": 8, "k": 16}
+# tiny-live's one held-out evaluation as `bapo eval --run` records it (a series of a single point)
+ONE_EVAL = ("countdown/test", {"n": 16, "k": 4, "mean@k": 0.3125, "pass@k": 0.5})
 # tiny-running: the trained run's record cut back to step 3, as if it were at step 3 of 40 with its trainer alive
 RUNNING_AT, RUNNING_STEPS = 3, 40
 
@@ -86,6 +92,7 @@ def runs(tmp_path_factory):
     conn.close()
     record = R.RunRecord.open(live, resume=False)  # the study's evaluation, through the writer scripts/study.py uses
     record.log_eval(sql(live, "SELECT MAX(step) FROM steps")[0][0], "hard_set", STUDY_EVAL)
+    record.log_eval(sql(live, "SELECT MAX(step) FROM steps")[0][0], *ONE_EVAL)
     record.close()
     running = _copy_run(run, root / "live" / "tiny-running", "tiny-running", status="running")
     R.RunRecord.open(running, truncate_after=RUNNING_AT).close()  # the record's own rewind (as on resume)
@@ -101,7 +108,8 @@ def runs(tmp_path_factory):
         from synth_run import synth
     finally:
         sys.path.pop(0)
-    synth(root / "live" / "grpo-synth", prompts=400, steps=10, B=16, G=4, algo="grpo", quiet=True)
+    # a diagram per sampled prompt makes it a geometry3k record: a run of another task beside the countdown ones
+    synth(root / "live" / "grpo-synth", prompts=400, steps=10, B=16, G=4, algo="grpo", images=True, quiet=True)
     lock = R.lock_run_dir(running)  # a live trainer, as far as the dashboard can tell
     yield run, live, running
     lock.close()
@@ -125,19 +133,35 @@ def overlap_pair(run_dir) -> tuple[int, int, int]:
     return row[0], row[1], row[2]
 
 
+# the generated groups, each with the one it counts by at its prompt's first step (the fresh one where the prompt
+# was also re-evaluated at that step) marked `counted`
+SQL_GENERATED = f"""
+    gen AS (SELECT step, uid, correct, subset, {sql_in(FRESH)} AS fresh FROM prompt_steps
+            WHERE {sql_in(GENERATED)}),
+    first AS (SELECT uid, MIN(step) AS first_seen FROM gen GROUP BY uid),
+    marked AS (SELECT g.*, f.first_seen, g.step = f.first_seen AND g.fresh = (
+                   SELECT MAX(h.fresh) FROM gen h WHERE h.uid = g.uid AND h.step = f.first_seen) AS counted
+               FROM gen g JOIN first f ON f.uid = g.uid)"""
+
+
 def sql_ledger(run_dir) -> list[tuple]:
     """The hard-problem ledger in plain SQL, the oracle for the reader's numpy one: (uid, first_seen, first_solved)
-    of the prompts whose every generated group at their first generated step was 0/G; first_solved = the lowest
-    later step with a generated group >= 1/G, None while unsolved. x3 replays are no generation."""
+    of the prompts whose group at their first generated step was 0/G, by its fresh group where it was also
+    re-evaluated at that step; first_solved = the lowest step of any other generated group >= 1/G (that same step
+    for a re-evaluation that solved it), None while unsolved. x3 replays are no generation."""
     return [tuple(r) for r in sql(run_dir, f"""
-        WITH gen AS (SELECT step, uid, correct FROM prompt_steps WHERE {sql_in(GENERATED)}),
-        first AS (SELECT uid, MIN(step) AS first_seen FROM gen GROUP BY uid),
-        unsolved AS (
-            SELECT f.uid, f.first_seen FROM first f JOIN gen g ON g.uid = f.uid AND g.step = f.first_seen
-            GROUP BY f.uid HAVING MAX(g.correct) = 0)
-        SELECT u.uid, u.first_seen,
-               (SELECT MIN(g.step) FROM gen g WHERE g.uid = u.uid AND g.step > u.first_seen AND g.correct >= 1)
-        FROM unsolved u ORDER BY u.first_seen, u.uid""")]
+        WITH {SQL_GENERATED}
+        SELECT m.uid, m.first_seen,
+               (SELECT MIN(o.step) FROM marked o WHERE o.uid = m.uid AND NOT o.counted AND o.correct >= 1)
+        FROM marked m WHERE m.counted AND m.correct = 0 ORDER BY m.first_seen, m.uid""")]
+
+
+def sql_same_step_rescues(run_dir) -> list[tuple]:
+    """(uid, step) of the prompts that were 0/G fresh at their first step and >= 1/G re-evaluated at that step."""
+    return [tuple(r) for r in sql(run_dir, f"""
+        WITH {SQL_GENERATED}
+        SELECT m.uid, m.step FROM marked m JOIN marked r ON r.uid = m.uid AND r.step = m.step AND NOT r.fresh
+        WHERE m.counted AND m.fresh AND m.correct = 0 AND r.correct >= 1 ORDER BY m.step, m.uid""")]
 
 
 # ----------------------------------------------------------------------------- the reader (no browser)
@@ -172,6 +196,21 @@ def test_ledger_matches_the_sql_oracle(runs, tmp_path):
         assert (s["first_unsolved"], s["later_solved"]) == (len(want), sum(1 for *_, b in want if b is not None))
 
 
+def test_a_same_step_rescue_counts_once_by_its_fresh_group(runs):
+    # Could fail (and did) where the ledger judged a prompt by its best group at its first step: a prompt 0/G fresh
+    # and >= 1/G when re-evaluated from B_bad at that same step was left out of the ledger altogether.
+    rescued = sql_same_step_rescues(runs[0])
+    assert rescued  # this trained run re-evaluates its own fresh failures at the step they failed
+    ledger = Run(runs[0]).ledger_retries().set_index("uid")
+    for uid, step in rescued:
+        assert uid in ledger.index, uid
+        assert (ledger.loc[uid, "first_seen"], ledger.loc[uid, "first_solved"]) == (step, step)
+        assert ledger.loc[uid, "retries"] >= 1  # the re-evaluation was a try
+    n, k, _ = ledger_counts(Run(runs[0]).ledger())
+    want = sql_ledger(runs[0])
+    assert (n, k) == (len(want), sum(1 for *_, b in want if b is not None))
+
+
 def test_retries_and_the_regenerated_pair_match_sql(runs, tmp_path):
     for run_dir in (runs[0], _synthetic(tmp_path)):
         run, want = Run(run_dir), sql_retries(run_dir)
@@ -196,6 +235,26 @@ def test_hover_table_interpolates_runs_at_each_others_x():
     h = views.hover_table(df, "x", "value", "run", ["a", "b"]).set_index("x")
     assert h.loc[5.0, "s0"] == 0.5 and h.loc[10.0, "s1"] == 3.0  # each run's value where the other has a point
     assert pd.isna(h.loc[0.0, "s1"]) and pd.isna(h.loc[15.0, "s0"])  # none outside a run's own range
+
+
+def test_a_long_series_keeps_its_extremes_at_whole_steps():
+    # Could fail (and did): a long series was thinned by averaging neighbours, so a grad-norm spike of 0.997 was
+    # drawn as 0.750 at "step 261.5".
+    import numpy as np
+
+    n = 8 * views.MAX_POINTS + 3
+    values = 0.5 + 0.01 * np.sin(np.arange(n))
+    spike, dip = n // 2 + 1, 3 * n // 4 + 2  # steps that no bucket of consecutive steps starts or ends with
+    values[spike - 1], values[dip - 1] = 0.997, 0.003
+    df = pd.DataFrame({"step": np.arange(1, n + 1), "value": values, "series": "grad norm"})
+    spec = views.line_spec(df, "step", "value", "series", "Gradient norm", 200)
+    line = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "line")["data"]["values"]
+    assert len(line) <= views.MAX_POINTS + 2
+    top, bottom = max(line, key=lambda r: r["value"]), min(line, key=lambda r: r["value"])
+    assert (top["step"], top["value"]) == (spike, 0.997) and (bottom["step"], bottom["value"]) == (dip, 0.003)
+    assert all(float(r["step"]).is_integer() for r in line)
+    crosshair = next(layer for layer in spec["layer"] if layer["mark"]["type"] == "rule")["data"]["values"]
+    assert all(float(r["step"]).is_integer() and r["tip"]["step"].isdigit() for r in crosshair)
 
 
 def naive_migration(rows, a, b, G, window):
@@ -359,6 +418,12 @@ def table_rows(page, elem_id) -> list[list[str]]:
     rows = table.locator("[role='row']").evaluate_all(
         "rows => rows.map(r => [...r.querySelectorAll('[role=gridcell]')].map(td => td.innerText.trim()))")
     return [r for r in rows if r]
+
+
+def table_records(page, elem_id) -> list[dict[str, str]]:
+    """A gr.Dataframe's body rows as {header: cell text}."""
+    head = [h.strip() for h in page.locator(f"#{elem_id} thead").inner_text().split("\n") if h.strip()]
+    return [dict(zip(head, row)) for row in table_rows(page, elem_id)]
 
 
 def wait_rows(page, elem_id, n):
@@ -789,8 +854,8 @@ def test_training_health_plots_every_recorded_scalar_with_an_eta(page, runs):
     per_step = statistics.median([b - a for a, b in zip(times, times[1:])][-10:])
     expect(page.locator("#health-text")).to_contain_text(
         f"{RUNNING_STEPS - RUNNING_AT} steps left at {per_step:.1f} s/step")
-    metrics = Run(running).metrics()
-    for i, (title, cols) in enumerate(views.HEALTH):  # one line per scalar the record holds, in its group
+    metrics = views.measured(Run(running).metrics(), Run(running).config())
+    for i, (title, _, cols) in enumerate(views.HEALTH):  # one line per scalar measured, in its group
         present = [c for c in cols if c in metrics or c == views.STALENESS]
         assert present, title
         wait_marks(page, f"health-{i}", "line")
@@ -813,11 +878,11 @@ def test_training_health_plots_every_recorded_scalar_with_an_eta(page, runs):
 
 
 def sql_retries(run_dir) -> dict[str, int]:
-    """uid -> later steps at which each hard prompt was generated again, in plain SQL."""
+    """uid -> how many more times each prompt was generated for after the group it counts by at its first step:
+    a re-evaluation at that step, and each later step once, in plain SQL."""
     return dict(sql(run_dir, f"""
-        WITH gen AS (SELECT DISTINCT step, uid FROM prompt_steps WHERE {sql_in(GENERATED)}),
-        first AS (SELECT uid, MIN(step) AS s FROM gen GROUP BY uid)
-        SELECT f.uid, (SELECT COUNT(*) FROM gen g WHERE g.uid = f.uid AND g.step > f.s) FROM first f"""))
+        WITH {SQL_GENERATED}
+        SELECT uid, COUNT(DISTINCT CASE WHEN NOT counted THEN step END) FROM marked GROUP BY uid"""))
 
 
 def test_ledger_counts_retries_and_compare_says_when_a_run_never_retries(page, runs):
@@ -838,11 +903,10 @@ def test_ledger_counts_retries_and_compare_says_when_a_run_never_retries(page, r
 
     open_tab(page, "compare")
     wait_rows(page, "compare-table", len(READABLE))
-    rows = {r[0]: r for r in table_rows(page, "compare-table")}
-    head = page.locator("#compare-table thead").inner_text()
-    assert "solved % of retried" in head and "retried" in head
-    assert rows["tiny"][6] == str(len(retried))
-    assert rows["grpo-synth"][6] == "0"
+    rows = {r["run"]: r for r in table_records(page, "compare-table")}
+    assert "solved % of retried" in rows["tiny"]
+    assert rows["tiny"][views.RETRIED_COLUMN] == str(len(retried))
+    assert rows["grpo-synth"][views.RETRIED_COLUMN] == "0"
     expect(page.locator("#compare-note")).to_contain_text("grpo-synth never generated a hard prompt again")
 
 
@@ -950,6 +1014,7 @@ def test_compare_is_interactive_with_fixed_colours_and_csv(page, runs, tmp_path)
         page.locator("#compare-csv").click()
     csv = pd.read_csv(download.value.path())
     assert list(csv.columns) == ["step", "ppo_kl", "ppo_kl (raw)", "run"]
+    assert pd.api.types.is_integer_dtype(csv["step"])  # steps written as 3, never 3.0
     assert sorted(csv["run"].unique()) == with_grad
     raw = sql(runs[0], "SELECT json_extract(metrics, '$.ppo_kl') FROM steps ORDER BY step")
     assert csv[csv["run"] == "tiny"]["ppo_kl (raw)"].round(6).tolist() == [round(r[0], 6) for r in raw]
@@ -999,3 +1064,402 @@ def test_click_through_opens_the_prompts_behind_a_bar_a_bin_or_a_cell(page, runs
     page.locator("#bins-matrix [role='row']").nth(i + 1).locator("[role='gridcell']").nth(j + 1).click()
     expect(page.locator("#prompt-list")).to_contain_text(f"migration cell {views.bin_labels(G)[i]} at A (step {a})"
                                                          f" → {views.bin_labels(G)[j]} at B (step {b}): {m[i][j]}")
+
+
+# ----------------------------------------------------------------------------- what the line charts draw
+
+
+POINTS_JS = """id => [...document.querySelectorAll(`#${id} svg.marks g.mark-symbol.role-mark path[aria-label]`)]
+    .map(p => p.getAttribute('aria-label'))"""
+
+
+def points(page, elem_id, series) -> dict[int, float]:
+    """{step: value} of the points drawn for `series` in the chart `elem_id` (read from each mark's aria-label)."""
+    out = {}
+    for label in page.evaluate(POINTS_JS, elem_id):
+        (_, x), (_, y), *rest = (f.split(": ", 1) for f in label.split("; "))  # x, y, then the series
+        if dict(rest).get("series") == series:
+            out[int(x)] = float(y)
+    return out
+
+
+def hover_at_step(page, elem_id, step) -> dict[str, str]:
+    """Move the pointer over the chart's x-axis label `step`, a third down the plot; returns the tooltip's rows
+    {title: value}."""
+    from playwright.sync_api import expect
+
+    svg = page.locator(f"#{elem_id} svg.marks")
+    svg.scroll_into_view_if_needed()
+    label = svg.locator("g.role-axis .role-axis-label text", has_text=re.compile(f"^{step}$")).first
+    x = label.bounding_box()["x"] + label.bounding_box()["width"] / 2
+    box = svg.bounding_box()
+    page.mouse.move(x, box["y"] + box["height"] * 0.35)
+    tooltip = page.locator("#vg-tooltip-element")
+    expect(tooltip).to_be_visible()
+    return dict(tooltip.locator("tr").evaluate_all(
+        "rows => rows.map(r => [...r.querySelectorAll('td')].map(td => td.innerText.trim()))"))
+
+
+def test_what_was_not_measured_is_a_gap_not_a_zero(page, runs):
+    # Could fail (and did): the re-evaluated reward was drawn as 0 at every step that re-evaluated nothing, and the
+    # KL to the reference as a flat 0 in a run without the KL term (both are stored as 0.0).
+    run = runs[0]
+    rows = sql(run, "SELECT step, json_extract(metrics, '$.rollouts_reevaluated'), "
+                    "json_extract(metrics, '$.reevaluated_reward') FROM steps ORDER BY step")
+    measured = {s: r for s, n, r in rows if n}
+    assert 0 < len(measured) < len(rows)
+    open_tab(page, "health")
+    wait_marks(page, "health-0", "line")
+    drawn = points(page, "health-0", "re-evaluated")  # measured every few steps: drawn as points
+    assert drawn.keys() == measured.keys()
+    assert all(abs(drawn[s] - measured[s]) < 1e-6 for s in measured)
+    assert sql(run, "SELECT json_extract(json, '$.kl_coef') FROM config")[0][0] == 0
+    kl = page.evaluate(LEGEND_JS, "health-2")
+    assert "KL to the reference (k3)" not in kl and "KL to the rollout policy" in kl
+    assert "kl_coef = 0" in page.locator("#health-2 svg.marks").text_content()
+
+
+def test_a_single_evaluation_is_drawn_and_tooltips_name_only_what_is_there(page, runs):
+    # Could fail (and did): a series of one point (one `bapo eval --run`, or any series of a live run at its first
+    # step) had a legend entry and no mark; the crosshair printed "null" for a run that had ended before that step,
+    # and thinned lines hovered at half steps.
+    name, metrics = ONE_EVAL
+    step = sql(runs[1], "SELECT step FROM evals WHERE name = ? LIMIT 1", (name,))[0][0]
+    pick_run(page, "tiny-live")
+    wait_marks(page, "overview-reward", "line")
+    assert points(page, "overview-reward", f"{views.EVAL_PREFIX}{name} mean@k") == {step: metrics["mean@k"]}
+
+    open_tab(page, "compare")  # grpo-synth has 10 steps, every other run fewer
+    wait_marks(page, "compare-plot", "line")
+    last = sql(runs[0], "SELECT MAX(step) FROM steps")[0][0]
+    rows = hover_at_step(page, "compare-plot", 10)
+    assert rows.keys() == {"step", "grpo-synth"}, rows  # the runs that ended before step 10 are left out
+    assert rows["step"] == "10" and re.fullmatch(r"[-\d.e]+", rows["grpo-synth"]), rows
+    rows = hover_at_step(page, "compare-plot", last)
+    assert {"step", "tiny", "grpo-synth"} <= rows.keys() and rows["step"] == str(last), rows
+
+
+LINES_JS = """id => [...document.querySelectorAll(`#${id} svg.marks g.mark-line.role-mark path[aria-label]`)].map(p =>
+    [p.getAttribute('aria-label'), +(p.getAttribute('opacity') ?? p.getAttribute('stroke-opacity') ?? 1),
+     +p.getAttribute('stroke-width')])"""
+
+
+def line_opacity(page, elem_id, raw: bool = False) -> dict[str, float]:
+    """{series: opacity} of the lines of `elem_id` (raw=True: of the faint raw lines under smoothed ones, the
+    thinner ones)."""
+    lines = page.evaluate(LINES_JS, elem_id)
+    widths = sorted({w for *_, w in lines})
+    out = {}
+    for label, opacity, width in lines:
+        if (width == widths[0]) == raw or len(widths) == 1 and not raw:
+            out[dict(f.split(": ", 1) for f in label.split("; "))["series"]] = opacity
+    return out
+
+
+def redrawn(page, elem_id):
+    """Mark the chart now shown in `elem_id`; returns a function that waits until it was drawn again."""
+    page.evaluate("id => document.querySelector(`#${id} svg.marks`).dataset.old = 'yes'", elem_id)
+
+    def wait():
+        page.wait_for_function("id => { const svg = document.querySelector(`#${id} svg.marks`);"
+                               " return !!svg && !svg.dataset.old && svg.getBoundingClientRect().width > 0 &&"
+                               " svg.querySelectorAll('g.mark-line path').length > 0; }", arg=elem_id, timeout=30_000)
+    return wait
+
+
+def x_labels(page, elem_id) -> list[str]:
+    """The x-axis tick labels of a chart (its first axis with labels: grid-only axes come first, y after x)."""
+    return next(ax for ax in page.evaluate(AXES_JS, elem_id) if ax)
+
+
+def until(page, check, timeout_s: float = 10):
+    """Wait until check() is true (polled every 100 ms); assert it finally is."""
+    import time
+
+    end = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < end:
+        page.wait_for_timeout(100)
+    assert check()
+
+
+def highlighted(page, elem_id, raw: bool = False) -> set[str]:
+    """The series of `elem_id` drawn in full (the others faded): none while nothing is highlighted."""
+    opacity = line_opacity(page, elem_id, raw)
+    return {s for s, o in opacity.items() if o == max(opacity.values())} if len(set(opacity.values())) > 1 else set()
+
+
+def test_charts_keep_zoom_and_legend_across_polls_tabs_and_smoothing(page, runs):
+    # Could fail (and did): every poll of a live run and every tab switch drew the charts anew, at their full range
+    # and with no series highlighted; with smoothing on, a legend click highlighted nothing.
+    from playwright.sync_api import expect
+
+    live, chart = runs[1], "overview-reward"
+    pick_run(page, "tiny-live")
+    wait_marks(page, chart, "line")
+    full = x_labels(page, chart)
+    box = page.locator(f"#{chart} svg.marks").bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.4)
+    page.mouse.wheel(0, -400)
+    until(page, lambda: x_labels(page, chart) != full)
+    zoomed = x_labels(page, chart)
+    page.locator(f"#{chart} g.role-legend-label text", has_text=views.BATCH_REWARD).click()
+    until(page, lambda: highlighted(page, chart) == {views.BATCH_REWARD})
+
+    last = sql(live, "SELECT MAX(step) FROM steps")[0][0]
+    wait = redrawn(page, chart)
+    _log_extra_step(live, last + 1)  # a poll draws the chart again, with the new step
+    expect(page.locator("#overview-text")).to_contain_text(f"last step: {last + 1} ", timeout=20_000)
+    wait()
+    assert x_labels(page, chart) == zoomed
+    assert highlighted(page, chart) == {views.BATCH_REWARD}
+
+    wait = redrawn(page, chart)
+    open_tab(page, "batch")
+    wait_marks(page, "batch-composition", "rect")
+    open_tab(page, "overview")
+    wait()
+    assert x_labels(page, chart) == zoomed
+    assert highlighted(page, chart) == {views.BATCH_REWARD}
+
+    smooth_and_wait(page, chart, "0.6")  # smoothed lines over faint raw ones: the same zoom and highlight
+    assert x_labels(page, chart) == zoomed
+    assert highlighted(page, chart) == highlighted(page, chart, raw=True) == {views.BATCH_REWARD}
+    page.locator(f"#{chart} g.role-legend-label text", has_text=views.FRESH_REWARD).click()  # and a second one
+    until(page, lambda: highlighted(page, chart) == {views.BATCH_REWARD, views.FRESH_REWARD})
+
+
+# ----------------------------------------------------------------------------- small things that read wrong
+
+
+def test_matrix_row_percent_and_an_empty_cell_read_right(page, runs):
+    # Could fail (and did): row-% cells printed "81.400000"; an empty migration cell opened the drill-down with
+    # placeholder column headers "1 2 3" and the previous search still in the search box.
+    from playwright.sync_api import expect
+
+    open_tab(page, "prompt")
+    expect(page.locator("#prompt-text")).to_contain_text("uid")
+    search(page, sql(runs[0], "SELECT uid FROM problems LIMIT 1")[0][0])
+    expect(page.locator("#prompt-text")).to_contain_text("answer")
+    open_tab(page, "bins")
+    wait_rows(page, "bins-matrix", G + 1)
+    page.locator("#bins-cells").get_by_text(views.CELLS_ROW).click()
+    page.wait_for_function("id => [...document.querySelectorAll(`#${id} [role=gridcell]`)]"
+                           ".some(c => /\\./.test(c.innerText))", arg="bins-matrix", timeout=30_000)
+    cells = [c for row in table_rows(page, "bins-matrix") for c in row[1:]]
+    assert all(re.fullmatch(r"\d+\.\d", c) for c in cells), cells
+    i, j = next((i, j) for i, row in enumerate(table_rows(page, "bins-matrix")) for j, c in enumerate(row[1:])
+                if float(c) == 0)
+    page.locator("#bins-matrix [role='row']").nth(i + 1).locator("[role='gridcell']").nth(j + 1).click()
+    expect(page.locator("#prompt-list")).to_contain_text("0 prompt(s)")
+    assert page.locator("#prompt-query textarea, #prompt-query input").first.input_value() == ""
+    head = page.locator("#prompt-samples thead").inner_text().split()
+    assert head[:3] == ["step", "subset", "idx"], head
+
+
+def test_compare_names_algorithm_and_task_and_offers_only_eval_accuracies(page, runs):
+    # Could fail (and did): the summary had no algorithm or task column, runs of different tasks shared an axis
+    # without a word, and one evaluation added every count it records (problems, k, verdicts) as a metric.
+    from playwright.sync_api import expect
+
+    open_tab(page, "compare")
+    wait_rows(page, "compare-table", len(READABLE))
+    rows = {r["run"]: r for r in table_records(page, "compare-table")}
+    assert (rows["tiny"]["algo"], rows["tiny"]["task"]) == ("bapo", "countdown")
+    assert (rows["grpo-synth"]["algo"], rows["grpo-synth"]["task"]) == ("grpo", "geometry3k")
+    expect(page.locator("#compare-note")).to_contain_text("different tasks (countdown, geometry3k)")
+    page.locator("#compare-metric input").first.click()
+    options = page.get_by_role("option").all_inner_texts()
+    evals = [o for o in options if o.startswith(views.EVAL_PREFIX)]
+    name = ONE_EVAL[0]
+    assert f"{views.EVAL_PREFIX}{name} mean@k" in evals and f"{views.EVAL_PREFIX}{name} pass@k" in evals
+    assert all(o.rsplit(" ", 1)[1] in views.EVAL_MEASURES for o in evals), evals
+
+
+def test_axes_are_named_terms_are_explained_and_the_console_stays_quiet(browser, server):
+    # Could fail (and did): the Training-health y axes all said "value", the batch and migration views used B_bad,
+    # c1..c3, r_tot and "latest result in (A, B]" without a word of explanation, and every chart logged
+    # "Infinite extent" warnings to the browser console as it was drawn.
+    from playwright.sync_api import expect
+
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    warnings = []
+    page.on("console", lambda m: warnings.append(m.text) if m.type in ("warning", "error") else None)
+    try:
+        page.goto(server)
+        expect(page.locator("#overview-text")).to_contain_text("last step", timeout=60_000)
+        for tab, chart, mark in (("overview", "overview-reward", "line"), ("health", "health-0", "line"),
+                                 ("batch", "batch-composition", "rect"), ("ledger", "ledger-curve", "line"),
+                                 ("bins", "bins-hist-a", "rect"), ("prompt", "prompt-history", "symbol"),
+                                 ("compare", "compare-plot", "line")):
+            open_tab(page, tab)
+            wait_marks(page, chart, mark)
+        open_tab(page, "health")
+        wait_marks(page, "health-0", "line")
+        for i, (_, y_title, _) in enumerate(views.HEALTH):
+            if marks(page, f"health-{i}", "line"):  # a chart of metrics this run did not record has no axes
+                titles = page.locator(f"#health-{i} svg.marks g.role-axis-title text").evaluate_all(
+                    "ts => ts.map(t => t.textContent)")
+                assert y_title in titles and "value" not in titles, (i, titles)
+        open_tab(page, "batch")
+        terms = page.locator("#batch-terms").inner_text()
+        for term in ("B_bad", "B_high", "c1", "c2", "c3", "r_tot"):
+            assert term in terms
+        open_tab(page, "bins")
+        expect(page.locator("#bins-terms")).to_contain_text("last result after A")
+        assert not [w for w in warnings if "Infinite extent" in w], warnings[:3]
+    finally:
+        page.close()
+
+
+def test_a_synthetic_record_being_written_shows_as_running(tmp_path):
+    # Could fail (and did): scripts/synth_run.py --sleep held no trainer lock, so its record showed as
+    # "stopped (killed?)" while it was being written.
+    import subprocess
+    import time
+
+    run_dir = tmp_path / "live-synth"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "scripts" / "synth_run.py"), str(run_dir), "--prompts", "64",
+                             "--steps", "40", "--batch-size", "4", "--sleep", "0.2"], stderr=subprocess.DEVNULL)
+    def written() -> bool:
+        try:
+            return len(Run(run_dir).steps()) > 0
+        except (FileNotFoundError, ValueError, sqlite3.Error):  # not created, or not whole, yet
+            return False
+
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and not written():
+            time.sleep(0.2)
+        assert Run(run_dir).status() == "running"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert Run(run_dir).status() == "stopped (killed?)"  # and once its writer is gone, it says so
+
+
+# ----------------------------------------------------------------------------- responses at a step
+
+
+def test_responses_at_a_step_filter_by_verdict_and_subset_search_text_and_open_their_prompt(page, runs):
+    # Could fail (and did: there was no such table): responses could be read one prompt at a time only.
+    from playwright.sync_api import expect
+
+    run = runs[0]
+    step = sql(run, "SELECT MAX(step) FROM samples")[0][0]
+    count = lambda where="1", args=(): sql(run, f"SELECT COUNT(*) FROM samples WHERE step = ? AND {where}",
+                                           (step, *args))[0][0]
+    open_tab(page, "responses")
+    expect(page.locator("#responses-note")).to_contain_text(f"step {step}:")
+    n = lambda: number_after(page.locator("#responses-note").inner_text(), f"step {step}:")
+    assert n() == count()
+    page.locator("#responses-verdict").get_by_text("correct", exact=True).click()  # every verdict but correct
+    expect(page.locator("#responses-n")).to_have_text(str(count("verdict != 'correct'")))
+    filtered = views.SUBSET_LABELS[FILTERED]
+    page.locator("#responses-subset").get_by_text(filtered, exact=True).click()
+    want = count("verdict != 'correct' AND subset != ?", (FILTERED,))
+    expect(page.locator("#responses-n")).to_have_text(str(want))
+    assert all(r[1] != filtered and r[2] != "correct" for r in table_rows(page, "responses-table")[:20])
+    # the text search: a piece of one of the listed responses
+    piece = sql(run, "SELECT substr(response, 1, 6) FROM samples WHERE step = ? AND verdict != 'correct' AND "
+                     "subset != ? LIMIT 1", (step, FILTERED))[0][0]
+    box = page.locator("#responses-query textarea, #responses-query input").first
+    box.fill(piece)
+    box.press("Enter")
+    want = count("verdict != 'correct' AND subset != ? AND instr(lower(response), lower(?)) > 0", (FILTERED, piece))
+    expect(page.locator("#responses-note")).to_contain_text("containing")
+    expect(page.locator("#responses-n")).to_have_text(str(want))
+    uid = table_rows(page, "responses-table")[0][0]
+    page.locator("#responses-table [role='gridcell']").get_by_text(uid, exact=True).first.click()
+    expect(page.locator("#prompt-text")).to_contain_text(uid)
+
+
+# ----------------------------------------------------------------------------- Compare: groups of runs
+
+
+def pick_metric(page, name):
+    page.locator("#compare-metric input").first.click()
+    page.get_by_role("option", name=name, exact=True).click()
+
+
+def download_csv(page) -> pd.DataFrame:
+    with page.expect_download() as download:
+        page.locator("#compare-csv").click()
+    return pd.read_csv(download.value.path())
+
+
+def test_compare_groups_runs_shades_differing_settings_and_finds_new_runs(browser, tmp_path):
+    # Could fail (and did: none of it existed): runs could not be grouped by algorithm or seed into mean ± sd
+    # bands at equal rollouts, no table showed their settings side by side, the ledger's solved % of retried was
+    # not plotted, and a run started under a served folder never appeared until the server restarted.
+    import numpy as np
+    from playwright.sync_api import expect
+
+    from bapo_vl.app.dashboard import FIND_SECONDS, launch
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from synth_run import synth
+    finally:
+        sys.path.pop(0)
+    folder = tmp_path / "served"
+    for algo in ("bapo", "grpo"):
+        for seed in (0, 1):
+            synth(folder / f"{algo}-s{seed}", prompts=160, steps=12, B=8, G=4, m=2, algo=algo, seed=seed,
+                  quiet=True)
+    port = _free_port()
+    demo = launch([str(folder)], port=port, block=False, poll_seconds=1.0, warm=False)
+    page = browser.new_page(viewport={"width": 1280, "height": 800})
+    try:
+        page.goto(f"http://127.0.0.1:{port}/")
+        expect(page.locator("#overview-text")).to_contain_text("last step", timeout=60_000)
+        open_tab(page, "compare")
+        wait_marks(page, "compare-plot", "line")
+        page.locator("#compare-x").get_by_text(views.X_ROLLOUTS).click()
+        page.locator("#compare-group").get_by_text(views.GROUP_ALGO, exact=True).click()
+        expect(page.locator("#compare-note")).to_contain_text("grouped by algorithm")
+        page.wait_for_function("id => document.querySelectorAll(`#${id} svg.marks g.mark-area path`).length === 2",
+                               arg="compare-plot", timeout=30_000)
+        assert sorted(page.evaluate(LEGEND_JS, "compare-plot")) == ["bapo (2 runs)", "grpo (2 runs)"]
+        # each group's line is the mean of its runs at equal rollouts, the band ± one sd
+        csv = download_csv(page)
+        mean, lo, hi = "fresh_reward", "fresh_reward mean - sd", "fresh_reward mean + sd"
+        for algo in ("bapo", "grpo"):
+            curves = []
+            for seed in (0, 1):
+                rows = sql(folder / f"{algo}-s{seed}", "SELECT rollouts, fresh_reward FROM steps ORDER BY step")
+                curves.append((np.cumsum([r[0] for r in rows]), [r[1] for r in rows]))
+            group = csv[csv["group"] == f"{algo} (2 runs)"]
+            assert len(group) and group[views.X_ROLLOUTS].max() == min(c[0][-1] for c in curves)
+            values = np.array([np.interp(group[views.X_ROLLOUTS], x, y) for x, y in curves])
+            assert np.allclose(group[mean], values.mean(axis=0), atol=1e-6)
+            assert np.allclose(group[hi] - group[mean], values.std(axis=0, ddof=1), atol=1e-6)
+            assert np.allclose(group[mean] - group[lo], values.std(axis=0, ddof=1), atol=1e-6)
+        # the ledger's solved % of retried against rollouts, as the ledger counts it
+        page.locator("#compare-group").get_by_text(views.GROUP_NONE, exact=True).click()
+        pick_metric(page, views.SOLVED_SHARE)
+        expect(page.locator("#compare-plot svg.marks")).to_contain_text(views.SOLVED_SHARE)
+        csv = download_csv(page)
+        for run in ("bapo-s0", "bapo-s1"):
+            ledger, retries = sql_ledger(folder / run), sql_retries(folder / run)
+            retried = [b for uid, _, b in ledger if retries[uid] > 0]
+            last = csv[csv["run"] == run].iloc[-1]
+            assert last[views.X_ROLLOUTS] == sql(folder / run, "SELECT SUM(rollouts) FROM steps")[0][0]
+            assert abs(last[views.SOLVED_SHARE] - 100 * sum(b is not None for b in retried) / len(retried)) < 1e-6
+        assert "grpo-s0" not in set(csv["run"])  # never retries: no share to draw
+        # the runs' settings side by side, what differs shaded
+        rows = {r["run"]: r for r in table_records(page, "compare-configs")}
+        assert (rows["bapo-s1"]["algo"], rows["bapo-s1"]["seed"], rows["grpo-s0"]["v"]) == ("bapo", "1", "1")
+        head = [h.strip() for h in page.locator("#compare-configs thead").inner_text().split("\n") if h.strip()]
+        shaded = page.locator("#compare-configs [role='row']").nth(1).locator("[role='gridcell']").evaluate_all(
+            "cells => cells.map(c => getComputedStyle(c).backgroundColor)")
+        background = dict(zip(head, shaded))
+        assert background["algo"] == background["seed"] == background["v"] != background["G"], background
+        # a run started under the served folder appears, ticked, without a restart
+        synth(folder / "bapo-s2", prompts=160, steps=12, B=8, G=4, m=2, seed=2, quiet=True)
+        expect(page.locator("#compare-runs")).to_contain_text("bapo-s2", timeout=(FIND_SECONDS + 20) * 1000)
+        assert page.locator("#compare-runs").get_by_label("bapo-s2").is_checked()
+        page.locator("#run input").first.click()
+        expect(page.get_by_role("option", name="bapo-s2", exact=True)).to_be_visible()
+    finally:
+        page.close()
+        demo.close()
