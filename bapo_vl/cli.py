@@ -19,8 +19,7 @@ INPUT_ERRORS = (ValueError, KeyError, FileNotFoundError, PluginError)
 
 
 def cmd_train(args) -> int:
-    from bapo_vl.config import load_config
-    from bapo_vl.train import learning_summary, train
+    from bapo_vl.config import load_config  # imports no torch: a bad setting is reported before torch loads
 
     resume = [o.partition("=")[2] for o in args.overrides if o.partition("=")[0].strip() == "resume"]
     if resume:  # a resumed run takes its recorded config; presets and files would silently change it
@@ -31,6 +30,8 @@ def cmd_train(args) -> int:
         cfg = resume_config(resume[-1], [o for o in args.overrides if o.partition("=")[0].strip() != "resume"])
     else:
         cfg = load_config(args.preset, args.config, args.overrides)
+    from bapo_vl.train import learning_summary, train
+
     cfg.tasks_dirs = [*cfg.tasks_dirs, *_tasks_dirs(args)]  # --tasks-dir
     run_dir = train(cfg, quiet=args.quiet)
     print(learning_summary(run_dir))
@@ -41,7 +42,7 @@ def cmd_train(args) -> int:
 
 class ConfigHelp(argparse.Action):
     """`bapo train -h`: the usual help, then every Config field with its default and doc (config.config_help).
-    Built only when asked: bapo_vl.config imports torch, which the other commands need not wait for."""
+    Built only when asked: reading every field's doc is work the other commands need not do."""
 
     def __init__(self, option_strings, dest, help=None):
         super().__init__(option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, nargs=0, help=help)

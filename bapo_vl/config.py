@@ -16,9 +16,10 @@ from typing import Any
 import yaml
 
 from bapo_vl.algorithm import ONLINE_FILTERS, PROMOTE_RULES
-from bapo_vl.losses import AGG_MODES, POLICY_LOSSES, LossConfig
+from bapo_vl.loss_config import AGG_MODES, POLICY_LOSSES, LossConfig
 from bapo_vl.optim import LR_SCHEDULES
 from bapo_vl.record import SINKS
+from bapo_vl.registry import Registry
 
 PRESET_DIR = Path(__file__).parent / "presets"
 # Config fields that LossConfig takes under the same name (Config's loss and loss_agg are its name and agg)
@@ -224,7 +225,7 @@ class Config:
     micro_batch_size: int = within(16, Range(ge=1))
     """sequences per forward/backward (gradient accumulation inside a mini-batch; the embedded backend groups them by
     length, except for balanced_clip, whose bounds are taken per micro-batch)"""
-    # loss defaults are declared once, in losses.LossConfig; so are their docs (field_docs reads them there)
+    # loss defaults are declared once, in loss_config.LossConfig; so are their docs (field_docs reads them there)
     loss: str = within(LossConfig.name, POLICY_LOSSES)
     """policy loss: ppo_clip | gspo | balanced_clip"""
     clip_low: float = LossConfig.clip_low
@@ -399,7 +400,9 @@ def check_run_name(name: str | None) -> None:
 
 def check_fields(cfg: Config) -> None:
     """Every field of cfg checked (and converted: YAML's "1e-6" to a float, a list to a pair) in place."""
-    for f in dataclasses.fields(cfg):
+    # registry-named fields last: reading a registry may import what its entries need (policy losses: torch), so
+    # a mistake in any other field is reported before that wait
+    for f in sorted(dataclasses.fields(cfg), key=lambda f: isinstance(f.metadata.get("accepted"), Registry)):
         setattr(cfg, f.name, check_field(f, getattr(cfg, f.name)))
 
 

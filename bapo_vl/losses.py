@@ -12,13 +12,12 @@ For the authors' token-level truncated IS, pass the proximal (recomputed) log-pr
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 from torch import Tensor
 
-from bapo_vl.registry import Registry
+from bapo_vl.loss_config import AGG_MODES, POLICY_LOSSES, LossConfig  # noqa: F401 (re-exported)
 
 LOG_RATIO_CLAMP = 20.0  # |log ρ| and |log(π_ref/π)| are clamped to this before exp, for stability
 
@@ -83,64 +82,12 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
 # ---------------------------------------------------------------------------------------------------------------
 # Configuration
 # ---------------------------------------------------------------------------------------------------------------
-AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
-
-
-@dataclass
-class LossConfig:
-    name: str = "ppo_clip"
-    """registered policy loss (see `policy_loss_names()`): ppo_clip | gspo | balanced_clip"""
-    clip_low: float = 0.2
-    """ε_low: the ratio's lower bound is 1 − ε_low (ppo_clip, gspo; GSPO's paper uses 3e-4)"""
-    clip_high: float = 0.2
-    """ε_high: the ratio's upper bound is 1 + ε_high (DAPO clip-higher: 0.28; GSPO's paper uses 4e-4)"""
-    dual_clip: float | None = None
-    """c of dual-clip PPO: the loss of a negative-advantage token is capped at −A·c (e.g. 3.0); None = off"""
-    agg: str = "token-mean"
-    """loss aggregation: token-mean (DAPO) | seq-mean-token-mean (original GRPO) | seq-mean-token-sum"""
-    kl_coef: float = 0.001
-    """β: weight of the k3 estimate of KL(π_θ ‖ π_ref)"""
-    entropy_coef: float = 0.001
-    """weight of the entropy bonus (subtracted from the loss)"""
-    bac_clip_low_range: tuple[float, float] = (0.6, 0.9)
-    """balanced_clip: [a⁻, b⁻], range of c_low, a bound on the ratio itself (not an ε)"""
-    bac_clip_high_range: tuple[float, float] = (1.2, 3.0)
-    """balanced_clip: [a⁺, b⁺], range of c_high, a bound on the ratio itself"""
-    bac_target: float = 0.5
-    """balanced_clip: ρ0, target share pos / (pos + neg) of the positive-advantage tokens"""
-    bac_step: float = 0.05
-    """balanced_clip: step by which c_low, then c_high, is raised"""
-    bac_dual_clip: float = 3.0
-    """balanced_clip: dual-clip c for negative advantages"""
-    bac_reduce: Callable[[Tensor], Tensor] | None = field(default=None, repr=False, compare=False)
-    """balanced_clip: sums pos/neg statistics across data-parallel ranks (see `all_reduce_sum`); None = local only"""
-
-    def __post_init__(self):
-        if self.agg not in AGG_MODES:
-            raise ValueError(f"LossConfig.agg={self.agg!r} is unknown; use one of {', '.join(AGG_MODES)}")
-        self.bac_clip_low_range = tuple(float(x) for x in self.bac_clip_low_range)
-        self.bac_clip_high_range = tuple(float(x) for x in self.bac_clip_high_range)
-        for fname in ("bac_clip_low_range", "bac_clip_high_range"):
-            lo, hi = getattr(self, fname)
-            if not lo <= hi:
-                raise ValueError(f"LossConfig.{fname}=({lo}, {hi}): the low end must not exceed the high end")
-        if self.bac_step <= 0:
-            raise ValueError(f"LossConfig.bac_step={self.bac_step} must be > 0")
-        for fname in ("dual_clip", "bac_dual_clip"):
-            c = getattr(self, fname)
-            if c is not None and c <= 1.0:
-                raise ValueError(f"LossConfig.{fname}={c} must be > 1 (3.0 is usual), or None to turn it off")
-        if self.clip_low < 0 or self.clip_high < 0:
-            raise ValueError("LossConfig.clip_low / clip_high are ε values and must be >= 0 (e.g. 0.2 / 0.28)")
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Policy-loss registry
 # ---------------------------------------------------------------------------------------------------------------
 PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, dict[str, float]]]
 """(logp (B,T), old_logp (B,T), adv (B,T), mask (B,T), cfg) -> (per-token loss (B,T), metrics of python floats)"""
 
-POLICY_LOSSES: Registry[PolicyLossFn] = Registry("policy loss")
 register_policy_loss = POLICY_LOSSES.register
 """Decorator registering a policy loss under a name."""
 get_policy_loss = POLICY_LOSSES.lookup

@@ -84,3 +84,15 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(timeout=60) == 141 and "Traceback" not in err and "BrokenPipe" not in err, err
+
+
+@pytest.mark.parametrize("setting", ["top_p=2.0", "steps=abc", "algo=bogus", "loss_agg=bogus"])
+def test_a_bad_setting_is_refused_before_torch_loads(tmp_path, setting):
+    # Could fail if bapo_vl.config imported torch again (through the losses), or `bapo train` imported the trainer
+    # before checking its settings: the one line would then wait for torch (seconds, tens of them under load).
+    code = ("import sys\nfrom bapo_vl.cli import main\n"
+            f"rc = main(['train', {setting!r}, 'run_dir={tmp_path}'])\n"
+            "print(rc, 'torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["2", "False"], (out.stdout, out.stderr[-2000:])
+    assert out.stderr.startswith(f"bapo: {setting.split('=')[0]}=") and out.stderr.count("\n") == 1, out.stderr
