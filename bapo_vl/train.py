@@ -312,6 +312,23 @@ def load_problems(cfg: Config):
     return task, problems
 
 
+def check_prompt_lengths(cfg: Config, problems, n: int = 8) -> None:
+    """The n prompts longest in text and the n with the most image pixels, encoded as the embedded backend will
+    encode them, from the model folder's tokenizer / processor alone: a prompt longer than max_prompt_length is
+    reported here, naming it, before the weights load and before the run starts."""
+    from bapo_vl.backends.embedded import PromptEncoder
+    from bapo_vl.models import resolve_model
+
+    encode = PromptEncoder(resolve_model(cfg.model), cfg)
+    by_text = sorted(problems, key=lambda p: len(str(p.messages)), reverse=True)[:n]
+    by_pixels = sorted(problems, key=lambda p: sum(i.width * i.height for i in p.images or ()), reverse=True)[:n]
+    for problem in {p.uid: p for p in by_text + by_pixels}.values():
+        try:
+            encode(problem)
+        except ValueError as e:
+            raise ConfigError(f"task={cfg.task}: {one_line(e)}", "max_prompt_length") from None
+
+
 def close_run(record: RunRecord, lock, status: str) -> bool:
     """Record the end status, then let go of the record and the lock, whatever fails. False: the status could not
     be written (a full disk); `bapo runs` then shows the run as stopped, since its trainer is gone."""
@@ -370,6 +387,8 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
     cfg = dataclasses.replace(cfg, name=cfg.name or run_path(cfg).name)  # one timestamp for the whole run
     check_start(cfg, load_model=backend is None)
     task, problems = load_problems(cfg)
+    if backend is None:
+        check_prompt_lengths(cfg, problems)
     backend = backend or make_backend(cfg)
     if not quiet and hasattr(backend, "engine"):  # auto picks the engine: say which one samples the rollouts
         print(f"rollout engine: {backend.engine.name} (rollout_engine={cfg.rollout_engine})", file=sys.stderr, flush=True)

@@ -96,3 +96,21 @@ def test_a_bad_setting_is_refused_before_torch_loads(tmp_path, setting):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.split() == ["2", "False"], (out.stdout, out.stderr[-2000:])
     assert out.stderr.startswith(f"bapo: {setting.split('=')[0]}=") and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_a_prompt_longer_than_max_prompt_length_is_named_before_the_weights_load(tmp_path, capsys):
+    # Could fail if the too-long prompt were found only by the first step's encode, after the weights load, in a
+    # run folder then marked failed. The policy's weights are removed, so loading them would fail another way.
+    from bapo_vl.tiny import build_qwen2_5_vl
+
+    model, processor = build_qwen2_5_vl(max_pixels=112 * 112)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    for weights in (tmp_path / "vl").glob("*.safetensors"):
+        weights.unlink()
+    capsys.readouterr()  # the save's progress bar
+    runs = tmp_path / "runs"
+    err = refused(capsys, ["train", "task=geodraw", f"model={tmp_path / 'vl'}", "max_prompt_length=64",
+                           "task_options={image_size: 112, n: 40}", f"run_dir={runs}", "device=cpu"])
+    assert "max_prompt_length=64" in err and "prompt geodraw-train-" in err, err
+    assert not runs.exists()

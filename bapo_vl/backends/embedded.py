@@ -92,6 +92,41 @@ def load_into(target, state: dict, file: Path, what: str) -> None:
         raise CheckpointError(f"{file}: its {what} does not fit this run's model ({type(e).__name__}: {reason})") from e
 
 
+class PromptEncoder:
+    """The embedded backend's `encode` without the model: the model folder's tokenizer (and processor, for a
+    vision-language model) render a problem's chat-formatted prompt, so prompt lengths can be checked before the
+    weights load."""
+
+    def __init__(self, path, cfg):
+        self.max_prompt_length = cfg.max_prompt_length
+        self.is_vl = hasattr(AutoConfig.from_pretrained(path), "vision_config")
+        if self.is_vl:
+            self.processor = AutoProcessor.from_pretrained(path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+            self.tokenizer = self.processor.tokenizer
+        else:
+            self.processor = None
+            self.tokenizer = AutoTokenizer.from_pretrained(path)
+
+    def __call__(self, problem: Problem) -> dict:
+        """Token ids (and pixel values for images) of the chat-formatted prompt, on CPU."""
+        if self.is_vl:
+            text = self.processor.apply_chat_template(problem.messages, add_generation_prompt=True, tokenize=False)
+            out = self.processor(text=[text], images=problem.images or None, return_tensors="pt")
+            enc = {k: v[0] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v
+                   for k, v in out.items()}
+            enc.pop("attention_mask", None)
+            # what a vLLM engine is given instead: the same text and images, processed by vLLM itself
+            enc["raw"] = {"prompt": text, **({"multi_modal_data": {"image": list(problem.images)}}
+                                              if problem.images else {})}
+        else:
+            text = self.tokenizer.apply_chat_template(problem.messages, add_generation_prompt=True, tokenize=False)
+            enc = {"input_ids": torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"])}
+        if len(enc["input_ids"]) > self.max_prompt_length:
+            raise ValueError(f"prompt {problem.uid} has {len(enc['input_ids'])} tokens (images included), more than "
+                             f"max_prompt_length={self.max_prompt_length}; raise it or lower max_pixels")
+        return enc
+
+
 class EmbeddedBackend:
     name = "embedded"
 
@@ -105,15 +140,10 @@ class EmbeddedBackend:
                                "bfloat16": torch.bfloat16}[cfg.dtype]
         torch.manual_seed(cfg.seed)
         path = resolve_model(cfg.model)
-        self.is_vl = hasattr(AutoConfig.from_pretrained(path), "vision_config")
-        if self.is_vl:
-            self.processor = AutoProcessor.from_pretrained(path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
-            self.tokenizer = self.processor.tokenizer
-            self.policy = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32)
-        else:
-            self.processor = None
-            self.tokenizer = AutoTokenizer.from_pretrained(path)
-            self.policy = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        self.encoder = PromptEncoder(path, cfg)
+        self.is_vl, self.processor, self.tokenizer = self.encoder.is_vl, self.encoder.processor, self.encoder.tokenizer
+        model_class = AutoModelForImageTextToText if self.is_vl else AutoModelForCausalLM
+        self.policy = model_class.from_pretrained(path, dtype=torch.float32)
         self.policy.to(self.device).eval()  # eval(): no dropout; gradients still flow
         frozen_dtype = self.autocast_dtype or torch.float32
         self.rollout = self._frozen_copy(frozen_dtype) if cfg.delay > 1 else self.policy
@@ -164,23 +194,8 @@ class EmbeddedBackend:
     # --- prompts ---------------------------------------------------------------------------------------------
 
     def encode(self, problem: Problem) -> dict:
-        """Token ids (and pixel values for images) of the chat-formatted prompt, on CPU."""
-        if self.is_vl:
-            text = self.processor.apply_chat_template(problem.messages, add_generation_prompt=True, tokenize=False)
-            out = self.processor(text=[text], images=problem.images or None, return_tensors="pt")
-            enc = {k: v[0] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v
-                   for k, v in out.items()}
-            enc.pop("attention_mask", None)
-            # what a vLLM engine is given instead: the same text and images, processed by vLLM itself
-            enc["raw"] = {"prompt": text, **({"multi_modal_data": {"image": list(problem.images)}}
-                                              if problem.images else {})}
-        else:
-            text = self.tokenizer.apply_chat_template(problem.messages, add_generation_prompt=True, tokenize=False)
-            enc = {"input_ids": torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"])}
-        if len(enc["input_ids"]) > self.cfg.max_prompt_length:
-            raise ValueError(f"prompt {problem.uid} has {len(enc['input_ids'])} tokens (images included), more than "
-                             f"max_prompt_length={self.cfg.max_prompt_length}; raise it or lower max_pixels")
-        return enc
+        """Token ids (and pixel values for images) of the chat-formatted prompt, on CPU (PromptEncoder)."""
+        return self.encoder(problem)
 
     def _collate(self, prompts: list[dict], responses: list | None = None) -> dict:
         """Batch of [left pad][prompt][response][right pad] on the device; `P` is where responses start."""
