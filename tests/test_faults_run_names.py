@@ -22,7 +22,7 @@ def test_a_name_too_long_for_a_folder_is_refused_in_one_short_line(tmp_path, cap
     assert main(["train", f"run_dir={tmp_path}", f"name={'x' * 5000}", "steps=1"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("bapo: name='xxxx")
-    assert "(5000 characters): a run name is a folder name, at most 255 bytes" in err
+    assert "(5,000 characters): a run name is a folder name, at most 255 bytes" in err
     assert "\n" not in err and len(err) < 200 and "OSError" not in err
     assert list(tmp_path.iterdir()) == []
 
