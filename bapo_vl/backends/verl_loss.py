@@ -39,14 +39,14 @@ BALANCED_CLIP_FIELDS = ("bac_clip_low_range", "bac_clip_high_range", "bac_target
 
 @dataclass
 class BalancedClipLossConfig(PolicyLossConfig):
-    """verl's policy-loss config plus balanced_clip's settings (bapo_vl.losses.LossConfig's fields of that name;
-    actor_settings always sets them from our Config)."""
+    """verl's policy-loss config plus balanced_clip's settings, LossConfig's fields of that name with its defaults
+    (actor_settings always sets them from our Config)."""
 
-    bac_clip_low_range: tuple = (0.6, 0.9)
-    bac_clip_high_range: tuple = (1.2, 3.0)
-    bac_target: float = 0.5
-    bac_step: float = 0.05
-    bac_dual_clip: float = 3.0
+    bac_clip_low_range: tuple = LossConfig.bac_clip_low_range
+    bac_clip_high_range: tuple = LossConfig.bac_clip_high_range
+    bac_target: float = LossConfig.bac_target
+    bac_step: float = LossConfig.bac_step
+    bac_dual_clip: float = LossConfig.bac_dual_clip
 
 
 def actor_settings(cfg) -> dict[str, tuple[str, object]]:
