@@ -218,7 +218,7 @@ def accuracy(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64
     for p, r in zip(enc.problems, responses):
         ok = task.verify(r, p.answer) == Verdict.CORRECT
         right.append(ok)
-        read.append(r.split(" -> ")[0].split() == written_numbers(p.meta["spec"]))
+        read.append(sorted(r.split(" -> ")[0].split()) == sorted(written_numbers(p.meta["spec"])))
         by_kind[p.meta["kind"]].append(ok)
     return {"n": len(right), "acc": sum(right) / max(1, len(right)), "read": sum(read) / max(1, len(read)),
             "by_kind": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_kind.items())},
@@ -233,7 +233,8 @@ def build(args):
     vision = dict(depth=args.vision_depth, hidden_size=args.vision_hidden, num_heads=args.vision_heads,
                   intermediate_size=args.vision_intermediate,
                   # full attention in every third block (and the last); windowed (112 px) elsewhere
-                  fullatt_block_indexes=sorted({i for i in range(args.vision_depth) if i % 3 == 2}
+                  fullatt_block_indexes=sorted({i for i in range(args.vision_depth)
+                                                if i % 3 == 2 or getattr(args, "vision_full_attention", False)}
                                                | {args.vision_depth - 1}))
     return build_qwen2_5_vl(seed=args.seed, hidden=args.hidden, layers=args.layers, heads=args.heads,
                             kv_heads=args.kv_heads, intermediate=args.intermediate, max_pixels=side * side,
@@ -262,6 +263,9 @@ def main(argv=None):
         ap.add_argument("--" + key.replace("_", "-"), type=int)
     ap.add_argument("--target", choices=TARGETS, default="read",
                     help="response trained on: read (the diagram's numbers, the value, the letter) or letter only")
+    ap.add_argument("--vision-full-attention", action="store_true",
+                    help="full attention in every vision block (default: every third and the last; 112 px windows "
+                         "elsewhere, as Qwen2.5-VL)")
     ap.add_argument("--image-size", type=int, default=224, help="side of the drawn image, px (max_pixels = its square)")
     ap.add_argument("--lr", type=float)
     ap.add_argument("--min-lr-ratio", type=float, default=0.0)
@@ -374,7 +378,8 @@ def main(argv=None):
             folder = out / f"step_{steps_done}"
             save_policy(model, processor, folder)
             r = accuracy(model, processor, during, device, bf16, eval_batch)
-            snapshots[steps_done] = {"folder": folder.name, f"greedy_acc_{EVAL_DURING}": r["acc"]}
+            snapshots[steps_done] = {"folder": folder.name, f"greedy_acc_{EVAL_DURING}": r["acc"],
+                                    "numbers_read": r["read"]}
             (folder / "training.json").write_text(json.dumps({"step": steps_done, **snapshots[steps_done]}, indent=1))
             print(f"saved {folder}: {snapshots[steps_done]}", flush=True)
     train_s = time.time() - t0
@@ -404,7 +409,8 @@ def main(argv=None):
         "epochs": round(steps_done * args.batch / len(data), 2), "image_size": args.image_size,
         "max_pixels": args.image_size ** 2, "image_tokens": int(data.grid.prod()) // 4,
         "target": args.target, "target_example": target_text(train_problems[0], args.target) + processor.tokenizer.eos_token,
-        "shape": {k: getattr(args, k) for k in SHAPE_KEYS} | {"vocab": len(processor.tokenizer)},
+        "shape": {k: getattr(args, k) for k in SHAPE_KEYS} | {"vocab": len(processor.tokenizer),
+                                                               "vision_full_attention": args.vision_full_attention},
         "params": n_params, "vision_params": n_vision, "lr": args.lr, "warmup": args.warmup,
         "min_lr_ratio": args.min_lr_ratio, "weight_decay": args.weight_decay,
         "device": str(device) + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else ""),
