@@ -5,25 +5,28 @@ only in the image, four choices A-D). `--size geodraw-tiny` is for tests (a few 
 outside bapo_vl/ and passed as model=. Shape and recipe flags override the size's values.
 
 Supervised fine-tuning (seeded; --deterministic, on by default, asks torch for deterministic kernels, as CUDA's
-fastest ones make two runs of one command drift apart) on the geodraw train split (`load(split="train",
-n=--problems, seed=--data-seed, image_size=--image-size)`). The prompt is rendered exactly as the embedded backend
-renders it at RL time (EmbeddedBackend.encode: processor.apply_chat_template(messages, add_generation_prompt=True)
-then processor(text, images)); the response is the answer the RL prompt asks for and the choice verifier grades:
+fastest ones make two runs of one command drift apart) on the geodraw train split. `--data fresh` (the default)
+draws every example anew (FreshProblems: chunks of `load(split="train", seed=...)` drawn and encoded by
+--data-workers processes while the GPU trains), so the model cannot learn the training diagrams by heart;
+`--data fixed` encodes --problems problems once and cycles them. The prompt is rendered exactly as the embedded
+backend renders it at RL time (EmbeddedBackend.encode: processor.apply_chat_template(messages,
+add_generation_prompt=True) then processor(text, images)); the response (--target read) first copies the numbers
+written in the diagram, then the value, then the letter the choice verifier grades:
 
     prompt    <|vision_start|><|image_pad|>x64<|vision_end|>Find x.\\nChoices:\\nA. 35 ... e.g. <answer>A</answer>.\\n
-    response  <answer>C</answer><|im_end|>
+    response  40 65 -> 75 <answer>C</answer><|im_end|>
 
 The loss is on response tokens only (eos included); AdamW, linear warm-up then cosine decay, grad-clip 1, bf16
-autocast on CUDA (weights fp32). Prompts (ids + pixel values, stored as exact uint8) are encoded once in CPU memory
-and batched by index. --max-seconds stops training when the wall time passes it; the model is then still saved
-and evaluated. At the end: greedy accuracy (through the real verifier, by kind) on the first --eval-problems of
-the held-out test split, and on the same problems with blank images (the image-blind control, ~25 %). Saves model
-+ processor (save_pretrained, fp32) to --out with TRAINING.md and training.json. RL then runs with
+autocast on CUDA (weights fp32); the vision tower attends through bapo_vl.vision_attention (one attention call per
+layer for the whole batch of images). --max-seconds stops training when the wall time passes it; the model is
+then still saved and evaluated. At the end: greedy accuracy (through the real verifier, by kind) on the first
+--eval-problems of the held-out test split, and on the same problems with blank images (the image-blind control,
+~25 %). Saves model + processor (save_pretrained, fp32) to --out with TRAINING.md and training.json. RL then runs with
 
     bapo train task=geodraw model=OUT max_pixels=50176      # 224*224: the processor keeps the 224 px image
 
     PYTHONPATH=. python scripts/train_vl_policy.py --size geodraw-30m --out runs/policies/geodraw-30m \\
-        --steps 3000 --max-seconds 240                        # one GPU
+        --max-seconds 1200 --data-workers 12                  # one GPU
 """
 from __future__ import annotations
 
@@ -47,10 +50,10 @@ if str(ROOT) not in sys.path:
 SIZES = {
     "geodraw-tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=256, vision_depth=2,
                          vision_hidden=64, vision_heads=2, vision_intermediate=128,
-                         steps=200, batch=16, problems=2000, lr=2e-3, warmup=20),
+                         vision_full_attention=False, steps=200, batch=16, problems=2000, lr=2e-3, warmup=20),
     "geodraw-30m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536, vision_depth=6,
                         vision_hidden=256, vision_heads=4, vision_intermediate=1024,
-                        steps=3000, batch=64, problems=10_000, lr=5e-4, warmup=100),
+                        vision_full_attention=True, steps=3000, batch=192, problems=24_000, lr=1.5e-3, warmup=100),
 }
 SHAPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vision_depth", "vision_hidden",
               "vision_heads", "vision_intermediate")
@@ -105,77 +108,151 @@ def encode_prompt(processor, problem) -> dict:
     return enc
 
 
+class PixelCodec:
+    """Pixel values kept as exact uint8 in the processor's patch layout (a quarter of fp32's memory; the processor
+    only rescales and normalises, so `values` undoes the storage exactly)."""
+
+    def __init__(self, processor, dim: int):
+        ip = processor.image_processor
+        self.scale = float(ip.rescale_factor)
+        chan = torch.arange(dim) // (dim // 3)  # patch layout (channel, temporal, h, w): channel = column // (dim/3)
+        self.mean = torch.tensor(ip.image_mean, dtype=torch.float32)[chan]
+        self.std = torch.tensor(ip.image_std, dtype=torch.float32)[chan]
+
+    def to_bytes(self, pv: torch.Tensor) -> torch.Tensor:
+        raw = (pv * self.std + self.mean) / self.scale
+        u8 = raw.round().clamp(0, 255).to(torch.uint8)
+        err = (raw - u8.float()).abs().max().item()
+        assert err < 1e-2, f"pixel values are not rescaled bytes (max error {err})"
+        return u8
+
+    def values(self, u8: torch.Tensor, device) -> torch.Tensor:
+        pv = (u8.to(device, non_blocking=True).float() * self.scale - self.mean.to(device)) / self.std.to(device)
+        return pv.reshape(-1, pv.shape[-1])
+
+
+def encode_row(processor, problem, target: str | None) -> dict:
+    """One problem: prompt (+ response and eos unless target is None) ids, image-token markers, where the response
+    starts, the image's grid and its pixel values (fp32, [patches, dim])."""
+    tok = processor.tokenizer
+    enc = encode_prompt(processor, problem)
+    ids = enc["input_ids"].tolist()
+    start = len(ids)
+    if target is not None:
+        ids = ids + tok(target_text(problem, target), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    types = enc["mm_token_type_ids"].tolist() if "mm_token_type_ids" in enc else [0] * start
+    return {"ids": ids, "types": types + [0] * (len(ids) - len(types)), "start": start,
+            "grid": enc["image_grid_thw"], "pixel_values": enc["pixel_values"]}
+
+
+def pad_rows(rows: list[dict], pad_id: int) -> dict:
+    """Right-padded ids, markers and labels (-100 outside the response) of encoded rows."""
+    width = max(len(r["ids"]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    types = torch.zeros((len(rows), width), dtype=torch.long)
+    labels = torch.full((len(rows), width), -100, dtype=torch.long)
+    for k, r in enumerate(rows):
+        n = len(r["ids"])
+        ids[k, :n] = torch.tensor(r["ids"])
+        types[k, :n] = torch.tensor(r["types"])
+        labels[k, r["start"]:n] = ids[k, r["start"]:n]
+    return {"ids": ids, "types": types, "labels": labels, "lengths": torch.tensor([len(r["ids"]) for r in rows]),
+            "starts": torch.tensor([r["start"] for r in rows])}
+
+
+def model_inputs(ids, types, lengths, grid, pixel_values, device) -> dict:
+    """A right-padded batch as the model takes it (trimmed to its longest row)."""
+    w = int(lengths.max())
+    mask = (torch.arange(w)[None] < lengths[:, None]).long()
+    inputs = {"input_ids": ids[:, :w], "attention_mask": mask, "mm_token_type_ids": types[:, :w],
+              "image_grid_thw": grid.repeat(len(ids), 1)}
+    return {**{k: v.to(device) for k, v in inputs.items()}, "pixel_values": pixel_values}
+
+
 class Encoded:
     """Problems encoded once, on CPU: right-padded prompt+response ids, labels (-100 outside the response),
-    image-token markers, and pixel values stored as uint8 in the processor's patch layout (exact: the processor
-    only rescales and normalises; `pixels(idx)` undoes the storage)."""
+    image-token markers, and pixel values as exact uint8 (PixelCodec)."""
 
     def __init__(self, problems, processor, with_response: bool = True, target: str = "read"):
         tok = processor.tokenizer
-        ip = processor.image_processor
-        rows, types, starts, pix, grids = [], [], [], [], []
-        self.scale, err = float(ip.rescale_factor), 0.0
-        self.mean = self.std = None
+        rows, pix = [], []
+        self.codec = None
         for i, p in enumerate(problems):
-            enc = encode_prompt(processor, p)
-            ids = enc["input_ids"].tolist()
-            starts.append(len(ids))
-            if with_response:
-                resp = tok(target_text(p, target), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
-                ids = ids + resp
-            rows.append(ids)
-            types.append(enc["mm_token_type_ids"].tolist() if "mm_token_type_ids" in enc else [0] * len(ids))
-            pv = enc["pixel_values"]  # [patches, dim] fp32, kept as bytes (a quarter of the memory)
-            if self.mean is None:
-                dim = pv.shape[1]  # patch layout (channel, temporal, h, w): channel = column // (dim / 3)
-                chan = torch.arange(dim) // (dim // 3)
-                self.mean = torch.tensor(ip.image_mean, dtype=torch.float32)[chan]
-                self.std = torch.tensor(ip.image_std, dtype=torch.float32)[chan]
-            raw = (pv * self.std + self.mean) / self.scale
-            u8 = raw.round().clamp(0, 255).to(torch.uint8)
-            err = max(err, (raw - u8.float()).abs().max().item())
-            pix.append(u8)
-            grids.append(enc["image_grid_thw"])
+            row = encode_row(processor, p, target if with_response else None)
+            if self.codec is None:
+                self.codec = PixelCodec(processor, row["pixel_values"].shape[1])
+            pix.append(self.codec.to_bytes(row.pop("pixel_values")))
+            rows.append(row)
             if i < 4 and with_response:  # the response appended to the prompt = the processor on the whole text
                 whole = processor(text=[prompt_text(processor, p) + target_text(p, target) + tok.eos_token],
                                   images=p.images, return_tensors="pt")["input_ids"][0].tolist()
-                assert whole == ids, "prompt + response encoding mismatch"
-        if len({tuple(g.flatten().tolist()) for g in grids}) != 1:
+                assert whole == row["ids"], "prompt + response encoding mismatch"
+        if len({tuple(r["grid"].flatten().tolist()) for r in rows}) != 1:
             raise ValueError("all images must have the same size (one --image-size)")
-        self.grid = grids[0]  # [1, 3]
-        assert err < 1e-2, f"pixel values are not rescaled bytes (max error {err})"
+        self.grid = rows[0]["grid"]  # [1, 3]
         self.pix = torch.stack(pix)  # [N, patches, dim] uint8
-        self.starts = torch.tensor(starts)
-        self.lengths = torch.tensor([len(r) for r in rows])
-        width = max(map(len, rows))
-        pad = tok.pad_token_id
-        self.ids = torch.full((len(rows), width), pad, dtype=torch.long)
-        self.types = torch.zeros((len(rows), width), dtype=torch.long)
-        self.labels = torch.full((len(rows), width), -100, dtype=torch.long)
-        for k, (r, t, s) in enumerate(zip(rows, types, starts)):
-            self.ids[k, :len(r)] = torch.tensor(r)
-            self.types[k, :len(t)] = torch.tensor(t)
-            self.labels[k, s:len(r)] = self.ids[k, s:len(r)]
+        padded = pad_rows(rows, tok.pad_token_id)
+        self.ids, self.types, self.labels = padded["ids"], padded["types"], padded["labels"]
+        self.lengths, self.starts = padded["lengths"], padded["starts"]
         self.problems = problems
 
     def __len__(self):
         return len(self.ids)
 
     def pixels(self, idx, device) -> torch.Tensor:
-        u8 = self.pix[idx].to(device, non_blocking=True)
-        pv = (u8.float() * self.scale - self.mean.to(device)) / self.std.to(device)
-        return pv.reshape(-1, pv.shape[-1])
+        return self.codec.values(self.pix[idx], device)
 
     def batch(self, idx: torch.Tensor, device) -> tuple[dict, torch.Tensor]:
         """Model inputs for rows idx (right padded, trimmed to the longest) and their labels."""
-        w = int(self.lengths[idx].max())
-        ids = self.ids[idx, :w]
-        mask = (torch.arange(w)[None] < self.lengths[idx][:, None]).long()
-        inputs = {"input_ids": ids, "attention_mask": mask, "mm_token_type_ids": self.types[idx, :w],
-                  "image_grid_thw": self.grid.repeat(len(idx), 1)}
-        inputs = {k: v.to(device) for k, v in inputs.items()}
-        inputs["pixel_values"] = self.pixels(idx, device)
-        return inputs, self.labels[idx, :w].to(device)
+        inputs = model_inputs(self.ids[idx], self.types[idx], self.lengths[idx], self.grid,
+                              self.pixels(idx, device), device)
+        return inputs, self.labels[idx, :int(self.lengths[idx].max())].to(device)
+
+
+CHUNK = 256  # problems a stream worker draws at once
+
+
+class FreshProblems(torch.utils.data.IterableDataset):
+    """Endless batches of train-split problems, each drawn once: worker w of W takes chunks w, w + W, w + 2W, ...,
+    chunk c being `load(split="train", n=CHUNK, seed=data_seed * 1_000_000 + c)` (its own seeded stream), encoded
+    in the worker. With a fixed number of workers the order is fixed too (DataLoader takes the workers' batches in
+    turn), so a run repeats. Memory stays that of a few batches, however many problems training sees."""
+
+    def __init__(self, processor, target: str, batch: int, data_seed: int, image_size: int):
+        self.processor, self.target, self.batch = processor, target, batch
+        self.data_seed, self.image_size = data_seed, image_size
+        self.codec = None
+
+    def __iter__(self):
+        info = torch.utils.data.get_worker_info()
+        w, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
+        task, rows, c = get_task(), [], w
+        while True:
+            for p in task.load(split="train", n=CHUNK, seed=self.data_seed * 1_000_000 + c,
+                               image_size=self.image_size):
+                row = encode_row(self.processor, p, self.target)
+                if self.codec is None:
+                    self.codec = PixelCodec(self.processor, row["pixel_values"].shape[1])
+                row["pixel_values"] = self.codec.to_bytes(row["pixel_values"])
+                rows.append(row)
+                if len(rows) == self.batch:
+                    yield {**pad_rows(rows, self.processor.tokenizer.pad_token_id), "grid": rows[0]["grid"],
+                           "pix": torch.stack([r["pixel_values"] for r in rows])}
+                    rows = []
+            c += n_workers
+
+
+def fresh_batches(processor, args):
+    """An iterator over FreshProblems' batches, made by --data-workers processes (none: in this process)."""
+    data = FreshProblems(processor, args.target, args.batch, args.data_seed, args.image_size)
+
+    def one_thread(_):
+        torch.set_num_threads(1)
+
+    loader = torch.utils.data.DataLoader(data, batch_size=None, num_workers=args.data_workers,
+                                         worker_init_fn=one_thread, prefetch_factor=4 if args.data_workers else None,
+                                         persistent_workers=args.data_workers > 0)
+    return iter(loader)
 
 
 @torch.no_grad()
@@ -228,17 +305,20 @@ def accuracy(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64
 
 def build(args):
     from bapo_vl.tiny import build_qwen2_5_vl
+    from bapo_vl.vision_attention import use_segment_attention
 
     side = args.image_size
     vision = dict(depth=args.vision_depth, hidden_size=args.vision_hidden, num_heads=args.vision_heads,
                   intermediate_size=args.vision_intermediate,
                   # full attention in every third block (and the last); windowed (112 px) elsewhere
                   fullatt_block_indexes=sorted({i for i in range(args.vision_depth)
-                                                if i % 3 == 2 or getattr(args, "vision_full_attention", False)}
+                                                if i % 3 == 2 or args.vision_full_attention}
                                                | {args.vision_depth - 1}))
-    return build_qwen2_5_vl(seed=args.seed, hidden=args.hidden, layers=args.layers, heads=args.heads,
-                            kv_heads=args.kv_heads, intermediate=args.intermediate, max_pixels=side * side,
-                            vision=vision)
+    model, processor = build_qwen2_5_vl(seed=args.seed, hidden=args.hidden, layers=args.layers, heads=args.heads,
+                                        kv_heads=args.kv_heads, intermediate=args.intermediate,
+                                        max_pixels=side * side, vision=vision)
+    use_segment_attention(model)  # one attention call per vision layer, not one per image and window
+    return model, processor
 
 
 def save_policy(model, processor, folder: Path):
@@ -258,13 +338,17 @@ def main(argv=None):
                         f"{name}: {', '.join(f'{k}={v}' for k, v in d.items())}" for name, d in SIZES.items()))
     ap.add_argument("--steps", type=int)
     ap.add_argument("--batch", type=int)
-    ap.add_argument("--problems", type=int, help="training problems (geodraw train split, cycled in epochs)")
+    ap.add_argument("--data", choices=("fresh", "fixed"), default="fresh",
+                    help="fresh: every example a newly drawn problem, made by --data-workers processes while the "
+                         "GPU trains; fixed: --problems problems encoded once and cycled in epochs")
+    ap.add_argument("--data-workers", type=int, default=8, help="processes drawing fresh problems (0: this one)")
+    ap.add_argument("--problems", type=int, help="--data fixed: training problems (geodraw train split)")
     for key in SHAPE_KEYS:
         ap.add_argument("--" + key.replace("_", "-"), type=int)
     ap.add_argument("--target", choices=TARGETS, default="read",
                     help="response trained on: read (the diagram's numbers, the value, the letter) or letter only")
-    ap.add_argument("--vision-full-attention", action="store_true",
-                    help="full attention in every vision block (default: every third and the last; 112 px windows "
+    ap.add_argument("--vision-full-attention", action=argparse.BooleanOptionalAction, default=None,
+                    help="full attention in every vision block (else every third and the last, 112 px windows "
                          "elsewhere, as Qwen2.5-VL)")
     ap.add_argument("--image-size", type=int, default=224, help="side of the drawn image, px (max_pixels = its square)")
     ap.add_argument("--lr", type=float)
@@ -317,7 +401,9 @@ def main(argv=None):
         raise SystemExit(f"--save-at {args.save_at}: each step must be in 1..{args.steps - 1} (the last is --out)")
 
     task = get_task()
-    train_problems = task.load(split="train", n=args.problems, seed=args.data_seed, image_size=args.image_size)
+    fresh = args.data == "fresh"
+    train_problems = task.load(split="train", n=64 if fresh else args.problems, seed=args.data_seed,
+                               image_size=args.image_size)
     n_eval = max(args.eval_problems, EVAL_DURING if (args.eval_every or save_at) else 0)
     test_problems = task.load(split="test", n=n_eval, seed=TEST_SEED, image_size=args.image_size)
     blank_problems = task.load(split="test", n=args.eval_problems, seed=TEST_SEED, image_size=args.image_size,
@@ -325,10 +411,11 @@ def main(argv=None):
     from bapo_vl.problem import Verdict
     bad = [p.uid for p in train_problems[:64] if task.verify(target_text(p, args.target), p.answer) != Verdict.CORRECT]
     assert not bad, f"the verifier does not grade the target correct: {bad}"
-    data = Encoded(train_problems, processor, target=args.target)
+    data = Encoded(train_problems, processor, target=args.target)  # with fresh data: only the encoding checks
     test = Encoded(test_problems, processor, with_response=False)
-    print(f"problems {len(data)} train, {len(test)} test (encoded in {time.time() - t_start:.1f}s), "
-          f"width {data.ids.shape[1]}, image {args.image_size}px = {int(data.grid.prod()) // 4} image tokens, "
+    batches = fresh_batches(processor, args) if fresh else None
+    print(f"problems {'fresh every step' if fresh else len(data)} train, {len(test)} test (encoded in "
+          f"{time.time() - t_start:.1f}s), image {args.image_size}px = {int(data.grid.prod()) // 4} image tokens, "
           f"params {n_params:,} (vision {n_vision:,}), device {device}, bf16 {bf16}", flush=True)
     during = Encoded(test_problems[:EVAL_DURING], processor, with_response=False) if (args.eval_every or save_at) else None
 
@@ -349,11 +436,17 @@ def main(argv=None):
             stopped_early = True
             print(f"--max-seconds {args.max_seconds}: stopping after {step} steps", flush=True)
             break
-        if pos + args.batch > len(perm):
-            perm, pos = torch.randperm(len(data), generator=gen), 0
-        idx = perm[pos:pos + args.batch]
-        pos += args.batch
-        inputs, y = data.batch(idx, device)
+        if fresh:
+            b = next(batches)
+            inputs = model_inputs(b["ids"], b["types"], b["lengths"], b["grid"], data.codec.values(b["pix"], device),
+                                  device)
+            y = b["labels"][:, :int(b["lengths"].max())].to(device)
+        else:
+            if pos + args.batch > len(perm):
+                perm, pos = torch.randperm(len(data), generator=gen), 0
+            idx = perm[pos:pos + args.batch]
+            pos += args.batch
+            inputs, y = data.batch(idx, device)
         for g in opt.param_groups:
             g["lr"] = args.lr * lr_factor(step + 1, args.steps, "cosine", args.warmup, args.min_lr_ratio)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
@@ -405,8 +498,9 @@ def main(argv=None):
     meta = {
         "command": command, "size": args.size, "name": out.name, "seed": args.seed, "data_seed": args.data_seed,
         "steps": steps_done, "steps_planned": args.steps, "stopped_by_max_seconds": stopped_early,
-        "max_seconds": args.max_seconds, "batch": args.batch, "problems": len(data),
-        "epochs": round(steps_done * args.batch / len(data), 2), "image_size": args.image_size,
+        "max_seconds": args.max_seconds, "batch": args.batch, "data": args.data,
+        "problems": steps_done * args.batch if fresh else len(data),
+        "epochs": 1.0 if fresh else round(steps_done * args.batch / len(data), 2), "image_size": args.image_size,
         "max_pixels": args.image_size ** 2, "image_tokens": int(data.grid.prod()) // 4,
         "target": args.target, "target_example": target_text(train_problems[0], args.target) + processor.tokenizer.eos_token,
         "shape": {k: getattr(args, k) for k in SHAPE_KEYS} | {"vocab": len(processor.tokenizer),
@@ -446,7 +540,9 @@ def training_md(m: dict, size: int) -> str:
         "```",
         "",
         f"- seed {m['seed']} (data seed {m['data_seed']}), {m['steps']} steps of batch {m['batch']} over "
-        f"{m['problems']:,} problems ({m['epochs']} epochs){stop}; AdamW lr {m['lr']} (warm-up {m['warmup']}, "
+        + (f"{m['problems']:,} problems, each drawn once (--data fresh)" if m.get("data") == "fresh" else
+           f"{m['problems']:,} problems ({m['epochs']} epochs)")
+        + f"{stop}; AdamW lr {m['lr']} (warm-up {m['warmup']}, "
         f"cosine over {m['steps_planned']} steps), weight decay {m['weight_decay']}; loss on response tokens only",
         f"- shape: text hidden {s['hidden']}, layers {s['layers']}, heads {s['heads']} (kv {s['kv_heads']}), "
         f"intermediate {s['intermediate']}, vocab {s['vocab']}, tied embeddings; vision depth {s['vision_depth']}, "

@@ -29,7 +29,7 @@ script = _script()
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("vlpolicy") / "geodraw-tiny"
     # 8 problems in batches of 8: every step sees the same fixed set, so the loss must fall
-    meta = script.main(["--size", "geodraw-tiny", "--out", str(out), "--problems", "8", "--batch", "8",
+    meta = script.main(["--size", "geodraw-tiny", "--out", str(out), "--data", "fixed", "--problems", "8", "--batch", "8",
                         "--steps", "40", "--lr", "3e-3", "--warmup", "5", "--image-size", str(SIDE),
                         "--eval-problems", "8", "--log-every", "1", "--device", "cpu"])
     return out, meta
@@ -113,3 +113,38 @@ def test_prompts_are_what_the_embedded_backend_encodes(trained):
         resp = enc.labels[i][enc.labels[i] != -100]
         assert processor.tokenizer.decode(resp) == script.target_text(p) + "<|im_end|>"
         assert (enc.labels[i, :s] == -100).all()
+
+
+def _fresh_args(workers: int):
+    return type("A", (), dict(script.SIZES["geodraw-tiny"], image_size=SIDE, seed=0, data_seed=3, batch=4,
+                              target="read", data_workers=workers))
+
+
+def _take(batches, n):
+    return [next(batches) for _ in range(n)]
+
+
+def test_fresh_data_is_new_every_batch_and_repeats_run_to_run():
+    # Could fail if workers drew the same chunk (every example seen once per worker), if a batch repeated, or if
+    # the same command gave another order (a run would not reproduce).
+    args = _fresh_args(2)
+    _, processor = script.build(args)
+    first = _take(script.fresh_batches(processor, args), 6)
+    again = _take(script.fresh_batches(processor, args), 6)
+    for a, b in zip(first, again):
+        assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["pix"], b["pix"])
+    rows = {(tuple(ids.tolist()), bytes(pix.flatten().numpy())) for b in first for ids, pix in zip(b["ids"], b["pix"])}
+    assert len(rows) == 6 * 4  # 24 distinct problems
+    b = first[0]
+    resp = b["labels"][0][b["labels"][0] != -100]  # labels are the response, as in the fixed set
+    assert processor.tokenizer.decode(resp).endswith("</answer><|im_end|>")
+    assert b["pix"].dtype == torch.uint8 and b["grid"].tolist() == [[1, SIDE // 14, SIDE // 14]]
+
+
+def test_trains_on_fresh_data(tmp_path):
+    # Could fail if the fresh batches did not reach the model in its input format (the step would raise).
+    meta = script.main(["--size", "geodraw-tiny", "--out", str(tmp_path / "p"), "--batch", "4", "--steps", "3",
+                        "--image-size", str(SIDE), "--eval-problems", "4", "--log-every", "1", "--device", "cpu",
+                        "--data-workers", "1"])
+    assert meta["data"] == "fresh" and meta["problems"] == 12 and meta["steps"] == 3
+    assert "each drawn once" in (tmp_path / "p" / "TRAINING.md").read_text()

@@ -30,6 +30,7 @@ from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_adva
 from bapo_vl.models import resolve_model
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.problem import Problem
+from bapo_vl.vision_attention import use_segment_attention
 from bapo_vl.workarounds import update_attention
 
 log = logging.getLogger(__name__)
@@ -144,6 +145,8 @@ class EmbeddedBackend:
         self.is_vl, self.processor, self.tokenizer = self.encoder.is_vl, self.encoder.processor, self.encoder.tokenizer
         model_class = AutoModelForImageTextToText if self.is_vl else AutoModelForCausalLM
         self.policy = model_class.from_pretrained(path, dtype=torch.float32)
+        if self.is_vl:
+            use_segment_attention(self.policy)  # the rollout and reference copies below inherit it
         self.policy.to(self.device).eval()  # eval(): no dropout; gradients still flow
         frozen_dtype = self.autocast_dtype or torch.float32
         self.rollout = self._frozen_copy(frozen_dtype) if cfg.delay > 1 else self.policy

@@ -1,0 +1,58 @@
+"""Attention over a vision tower's segments (images, or windows of one) as a few batched SDPA calls.
+
+A Qwen2-VL / Qwen2.5-VL vision tower packs every image of a batch into one sequence and marks where each image (or
+each 112 px window of one) starts with `cu_seqlens`. Without flash-attn, transformers attends to the segments one
+at a time: one SDPA call per image and layer, one per window in the windowed layers, so a batch of 128 images costs
+thousands of small kernels a step. `segment_sdpa` groups the segments by length and runs one SDPA call per length:
+a single call when all images have one size (and, for windows, when the grid divides into whole windows).
+Same result as the per-segment loop (tests/test_vision_attention.py compares outputs and gradients).
+
+`use_segment_attention(model)` registers it with transformers' AttentionInterface (adding a name; nothing of
+transformers is replaced) and selects it for the model's vision tower only; the language model keeps its own.
+The name holds "flash" because transformers hands `cu_seqlens` only to implementations whose name does.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+NAME = "flash_api_segment_sdpa"
+
+
+def segment_sdpa(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, cu_seq_lens_q=None,
+                 is_causal=False, **kwargs):
+    """query, key, value [1, heads, T, dim], segments cu_seq_lens_q (T = its last entry) -> ([1, T, heads, dim],
+    None), as transformers' flash-attention functions return."""
+    if cu_seq_lens_q is None or attention_mask is not None or is_causal:
+        raise ValueError(f"{NAME} is for vision towers: bidirectional attention within cu_seqlens segments")
+    q, k, v = query[0], key[0], value[0]
+    heads, total, dim = q.shape
+    lengths = cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]
+    sizes = sorted(set(lengths.tolist()))
+    if len(sizes) == 1:  # equal segments, contiguous: a reshape, no gather
+        n, size = len(lengths), sizes[0]
+        split = lambda t: t.reshape(heads, n, size, dim).transpose(0, 1)  # noqa: E731
+        out = F.scaled_dot_product_attention(split(q), split(k), split(v), dropout_p=dropout, scale=scaling)
+        return out.transpose(1, 2).reshape(1, total, heads, dim), None
+    out = q.new_empty(total, heads, dim)
+    starts = cu_seq_lens_q[:-1]
+    for size in sizes:
+        which = (lengths == size).nonzero().squeeze(1)
+        pos = (starts[which][:, None] + torch.arange(size, device=q.device)).reshape(-1)
+        gather = lambda t: t[:, pos].reshape(heads, len(which), size, dim).transpose(0, 1)  # noqa: E731
+        o = F.scaled_dot_product_attention(gather(q), gather(k), gather(v), dropout_p=dropout, scale=scaling)
+        out[pos] = o.transpose(1, 2).reshape(-1, heads, dim)
+    return out[None], None
+
+
+def use_segment_attention(model) -> bool:
+    """Select segment_sdpa for `model`'s vision tower when it would otherwise loop over segments (sdpa or eager);
+    True if selected. Models without a vision tower, or already on flash attention, are left as they are."""
+    from transformers import AttentionInterface
+
+    vision = getattr(model.config, "vision_config", None)
+    if vision is None or vision._attn_implementation not in (None, "sdpa", "eager"):
+        return vision is not None and vision._attn_implementation == NAME
+    AttentionInterface.register(NAME, segment_sdpa)
+    model.set_attn_implementation({"vision_config": NAME})
+    return True

@@ -1,0 +1,75 @@
+"""segment_sdpa against transformers' own per-segment loop, on a tiny Qwen2.5-VL with real images."""
+import json
+
+import pytest
+import torch
+from PIL import Image
+
+from bapo_vl.tiny import build_qwen2_5_vl
+from bapo_vl.vision_attention import NAME, segment_sdpa, use_segment_attention
+
+
+def _model():
+    model, processor = build_qwen2_5_vl(seed=0, vision=dict(depth=4, fullatt_block_indexes=[1]),
+                                        max_pixels=400 * 400)
+    torch.manual_seed(1)
+    for p in model.parameters():  # away from the init, so every block's attention matters
+        p.data.normal_(0, 0.05)
+    return model.train(), processor
+
+
+def _grads(model, inputs):
+    model.zero_grad()
+    logits = model(**inputs).logits
+    logits.float().pow(2).mean().backward()
+    return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("sizes", [[(224, 224)] * 3,  # one size, whole windows: the single-call path
+                                   [(300, 180), (200, 250), (390, 390)]])  # partial windows: grouped by length
+def test_same_outputs_and_gradients_as_the_per_segment_loop(sizes):
+    # Could fail if segments were mixed up (a gather or reshape in the wrong order), if a window attended across
+    # another's boundary, or if the gradient differed from transformers' own path.
+    model, processor = _model()
+    colours = ["white", "black", "gray"]
+    images = [Image.new("RGB", s, c) for s, c in zip(sizes, colours)]
+    for im in images:  # content that differs across an image, so attention weights are not uniform
+        im.paste((200, 30, 30), (10, 10, 120, 90))
+    inputs = processor(text=["<|vision_start|><|image_pad|><|vision_end|>hi"] * 3, images=images,
+                       return_tensors="pt", padding=True)
+    ref_logits, ref_grads = _grads(model, inputs)
+    assert model.config.vision_config._attn_implementation == "sdpa"
+    assert use_segment_attention(model)
+    assert model.config.vision_config._attn_implementation == NAME
+    assert model.config.text_config._attn_implementation == "sdpa"  # the language model keeps its own
+    logits, grads = _grads(model, inputs)
+    assert torch.allclose(logits, ref_logits, atol=1e-5, rtol=1e-4)
+    assert ref_grads.keys() == grads.keys()
+    for name in ref_grads:
+        assert torch.allclose(grads[name], ref_grads[name], atol=1e-6, rtol=1e-4), name
+    assert use_segment_attention(model)  # twice: still selected, nothing else changes
+
+
+def test_a_saved_model_does_not_carry_the_name(tmp_path):
+    # Could fail if the implementation name were written into config.json: vLLM, verl or another process loading
+    # the policy would meet a name they do not know.
+    model, processor = _model()
+    use_segment_attention(model)
+    model.save_pretrained(tmp_path)
+    assert NAME not in (tmp_path / "config.json").read_text()
+    assert "attn_implementation" not in json.loads((tmp_path / "config.json").read_text()).get("vision_config", {})
+
+
+def test_text_models_are_left_alone():
+    from bapo_vl.tiny import build_qwen2
+
+    model, _ = build_qwen2()
+    assert not use_segment_attention(model)
+
+
+def test_refuses_what_it_is_not_for():
+    q = torch.randn(1, 2, 6, 4)
+    with pytest.raises(ValueError, match="vision towers"):
+        segment_sdpa(None, q, q, q, cu_seq_lens_q=None)
+    with pytest.raises(ValueError, match="vision towers"):
+        segment_sdpa(None, q, q, q, cu_seq_lens_q=torch.tensor([0, 6]), is_causal=True)
