@@ -1,0 +1,42 @@
+"""fp32 weights for the optimizer, a bf16 copy for the compute: mixed precision as FSDP's MixedPrecision does it, on
+one device.
+
+Under autocast an fp32 model casts every weight to bf16 in every micro-batch's forward, keeps its residual stream
+and norms in fp32 and casts activations back and forth around each matmul. `ComputeCopy` instead keeps a bf16
+copy of the model that runs forward and backward in bf16 throughout; after each micro-batch's backward its
+gradients are added into the fp32 model's `.grad` (accumulation stays fp32), the optimizer steps the fp32 weights,
+and `refresh()` copies them into the bf16 copy once per optimizer step.
+"""
+from __future__ import annotations
+
+import copy
+
+import torch
+
+
+class ComputeCopy:
+    def __init__(self, master: torch.nn.Module, dtype: torch.dtype = torch.bfloat16):
+        self.master = master
+        self.model = copy.deepcopy(master).to(dtype)
+        self.pairs = [(m, c) for m, c in zip(master.parameters(), self.model.parameters()) if m.requires_grad]
+
+    @torch.no_grad()
+    def accumulate_grads(self) -> None:
+        """Add the copy's gradients into the fp32 model's and clear them (after each micro-batch's backward)."""
+        for m, c in self.pairs:
+            if c.grad is None:
+                continue
+            if m.grad is None:
+                m.grad = c.grad.to(m.dtype)
+            else:
+                m.grad.add_(c.grad)
+            c.grad = None
+
+    @torch.no_grad()
+    def refresh(self) -> None:
+        """The copy's weights <- the fp32 weights (after each optimizer step, and after loading weights)."""
+        for m, c in self.pairs:
+            c.copy_(m)
+        for m, c in zip(self.master.buffers(), self.model.buffers()):
+            if m.is_floating_point():
+                c.copy_(m)
