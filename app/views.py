@@ -36,7 +36,9 @@ RUN_COLORS = ("#4c78a8", "#f58518", "#54a24b", "#e45756", "#b279a2", "#72b7b2", 
 VERDICT_COLORS = {"correct": "#54a24b", "wrong": "#e45756", "unparsable": "#f58518", "timeout": "#b279a2"}
 NEUTRAL = "#8c8c8c"  # a mark that must read on a light and a dark page (the dashed B level)
 B_LINE = "configured B"
-PHASES = {"t_generate": "generate", "t_score": "score", "t_train": "train", "t_sync": "sync"}
+# the phases of a step, which add up to its recorded time (record.STEP_COLUMNS says what each one times)
+PHASES = {"t_generate": "generate (sample + log-probs)", "t_verify": "verify (decode + grade)",
+          "t_train": "train (update)", "t_sync": "sync (α ← π_θ)"}
 BUFFERS = {"bad_size": "B_bad", "high_size": "B_high"}
 THRESHOLDS = {"c1": "c1", "c2": "c2", "c3": "c3", "r_tot": "r_tot"}
 HARD_SEEN = "first seen at 0/G (cumulative)"
@@ -57,6 +59,9 @@ HEALTH = (
     ("Gradient norm (before clipping)", "L2 norm", {"grad_norm": "grad norm"}),
     ("Response length (tokens, fresh rollouts)", "tokens", {"response_length": "mean length"}),
     ("Staleness: policy updates between the rollout policy and the update", "updates", {STALENESS: "updates behind"}),
+    ("Generate: where its time went", "seconds per step",
+     {"t_generate": "all of generate", "t_generate_sample": "sampling (rollout engine)",
+      "t_generate_logprobs": "behaviour log-probs (embedded backend)"}),
 )
 MAX_BARS = 125  # stacked bar charts show at most this many bars (means of consecutive steps beyond)
 MAX_POINTS = 250  # line charts draw at most about this many points per series (beyond, a min/max envelope)
@@ -514,7 +519,7 @@ def fresh_bins_spec(steps: pd.DataFrame, G: int, height: int = 200) -> dict:
 
 
 def time_spec(steps: pd.DataFrame, height: int = 200) -> dict:
-    """Wall time per step, stacked: generate, score, train, sync."""
+    """Wall time per step, stacked: generate, verify, train, sync (PHASES)."""
     return stacked_spec(steps, PHASES, ["#4c78a8", "#f58518", "#e45756", "#72b7b2"], "Wall time per step",
                         "seconds", height)
 

@@ -19,21 +19,20 @@ INPUT_ERRORS = (ValueError, KeyError, FileNotFoundError, PluginError)
 
 
 def cmd_train(args) -> int:
-    from bapo_vl.config import load_config  # imports no torch: a bad setting is reported before torch loads
+    # imports no torch: a bad setting is reported before torch loads
+    from bapo_vl.config import launcher, load_config, resume_config
 
     resume = [o.partition("=")[2] for o in args.overrides if o.partition("=")[0].strip() == "resume"]
     if resume:  # a resumed run takes its recorded config; presets and files would silently change it
         if args.preset or args.config:
             raise ValueError("resume=RUN_DIR continues with the run's recorded config: drop --preset/--config")
-        from bapo_vl.train import resume_config
-
         cfg = resume_config(resume[-1], [o for o in args.overrides if o.partition("=")[0].strip() != "resume"])
     else:
         cfg = load_config(args.preset, args.config, args.overrides)
-    from bapo_vl.train import learning_summary, train
-
     cfg.tasks_dirs = [*cfg.tasks_dirs, *_tasks_dirs(args)]  # --tasks-dir
-    run_dir = train(cfg, quiet=args.quiet)
+    run_dir = launcher(cfg.backend)(cfg, quiet=args.quiet)  # backend=embedded: bapo_vl.train.train
+    from bapo_vl.train import learning_summary
+
     print(learning_summary(run_dir))
     print(f"run record: {run_dir / 'run.db'}\nfinal policy: {run_dir / 'final'}\n"
           f"inspect: bapo runs show {run_dir}")
@@ -138,7 +137,8 @@ def main(argv=None) -> int:
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("-h", "--help", action=ConfigHelp, help="show this help and every config field, then exit")
     p.add_argument("overrides", nargs="*", help="config overrides key=value, e.g. algo=grpo steps=50")
-    p.add_argument("--preset", default=None, help="tiny (default) | countdown | math | geometry3k")
+    p.add_argument("--preset", default=None, help="tiny (default) | countdown | math | geometry3k; on the verl "
+                   "backend: verl_tiny | verl_countdown | verl_math | verl_geometry3k (bapo_vl/presets/)")
     p.add_argument("--config", default=None, help="a YAML file of config fields")
     p.add_argument("--quiet", action="store_true")
     p.add_argument("--tasks-dir", dest="sub_tasks_dirs", action="append", default=[], metavar="DIR",

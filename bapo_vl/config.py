@@ -1,5 +1,8 @@
 """The one config object. Every default is declared here, once; presets (YAML) and `key=value` overrides
-change fields by name. Paper defaults are SPEC section 4; fields marked [code] follow the authors' code."""
+change fields by name. Paper defaults are SPEC section 4; fields marked [code] follow the authors' code.
+
+Backends (BACKENDS): each declares the fields only it reads in a dataclass of its own (EmbeddedOptions,
+VerlOptions), which Config takes as fields of its own, so that key=value, presets and run records name them flat."""
 from __future__ import annotations
 
 import ast
@@ -7,18 +10,20 @@ import copy
 import dataclasses
 import difflib
 import functools
+import importlib
 import inspect
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 
 from bapo_vl.algorithm import ONLINE_FILTERS, PROMOTE_RULES
 from bapo_vl.loss_config import AGG_MODES, POLICY_LOSSES, LossConfig
 from bapo_vl.optim import LR_SCHEDULES
-from bapo_vl.record import SINKS
+from bapo_vl.record import DB_NAME, SINKS, query_ro, read_meta
 from bapo_vl.registry import Registry
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -84,6 +89,7 @@ def within(default, accepted, hint: str = ""):
 DEVICES = ("auto", "cpu", "cuda")
 ROLLOUT_ENGINES = ("auto", "transformers", "vllm")  # bapo_vl/backends/engines.py
 DTYPES = ("auto", "float32", "bfloat16")  # the embedded backend computes in bf16 (autocast) or fp32
+MIXED_PRECISION = ("autocast", "compute_copy")
 
 # The baselines are presets of the same trainer (SPEC section 3), applied on top of the task preset.
 ALGOS: dict[str, dict[str, Any]] = {
@@ -106,10 +112,77 @@ ALGOS: dict[str, dict[str, Any]] = {
 }
 
 
+# --- backends: what runs the steps ---------------------------------------------------------------------------
+# name -> the dataclass of the fields only that backend reads (its options), with LAUNCH, the function that runs a
+# training run on it ("module:function", imported when a run starts: this module imports no torch), and INSTEAD,
+# what the other backend takes in place of each field (the line that refuses the field there).
+BACKENDS: Registry[type] = Registry("backend")
+
+
+@BACKENDS.register("embedded")
 @dataclass
-class Config:
+class EmbeddedOptions:
+    """The embedded backend (bapo_vl/backends/embedded.py): one process, CPU or one CUDA GPU, transformers models;
+    `bapo train` runs it in-process (bapo_vl.train.train)."""
+    LAUNCH: ClassVar[str] = "bapo_vl.train:train"
+    INSTEAD: ClassVar[dict[str, str]] = {
+        "rollout_engine": "verl samples with its own engine: verl.actor_rollout_ref.rollout.name",
+        "vllm_options": "set verl's vLLM through verl.actor_rollout_ref.rollout.* (e.g. gpu_memory_utilization)",
+        "generate_batch_size": ("verl's engine batches the rollouts itself "
+                                "(verl.actor_rollout_ref.rollout.max_num_seqs)"),
+        "score_batch_size": "use verl.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+        "micro_batch_size": "use verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+        "dtype": "verl computes in bf16 under FSDP's mixed precision (verl.actor_rollout_ref.actor.fsdp_config)",
+        "mixed_precision": ("verl's FSDP actor keeps fp32 weights and computes in bf16 "
+                            "(verl.actor_rollout_ref.actor.fsdp_config.mixed_precision)"),
+    }
+
+    # --- embedded backend (backend=embedded) ---
+    rollout_engine: str = within("auto", ROLLOUT_ENGINES)
+    """what samples rollouts: auto (vllm for a text model on cuda when it is installed, else transformers) |
+    transformers | vllm (the [vllm] extra)"""
+    vllm_options: dict = field(default_factory=dict)
+    """keyword arguments of vLLM's LLM(...) for the vllm engine, over its defaults {gpu_memory_utilization: 0.3,
+    max_num_seqs: 1024}: e.g. {gpu_memory_utilization: 0.5, enforce_eager: true}"""
+    generate_batch_size: int = within(256, Range(ge=1))
+    """sequences per generate call (the transformers engine)"""
+    score_batch_size: int = within(32, Range(ge=1))
+    """sequences per forward when scoring log-probs without gradients (behaviour, proximal, reference): larger than
+    micro_batch_size, which is sized for the update's activations"""
+    micro_batch_size: int = within(16, Range(ge=1))
+    """sequences per forward/backward (gradient accumulation inside a mini-batch), grouped by length, except for
+    balanced_clip, whose bounds are taken per micro-batch"""
+    dtype: str = within("auto", DTYPES)
+    """auto (bf16 autocast on GPU, fp32 on CPU) | float32 | bfloat16"""
+    mixed_precision: str = within("autocast", MIXED_PRECISION)
+    """how the update computes in bf16 (dtype auto on GPU, or bfloat16): autocast (fp32 weights cast in every
+    forward) | compute_copy (a bf16 copy runs forward and backward, gradients accumulate into the fp32 weights the
+    optimizer steps, the copy is refreshed once per optimizer step: bapo_vl/backends/mixed_precision.py)"""
+
+
+@BACKENDS.register("verl")
+@dataclass
+class VerlOptions:
+    """The verl backend (bapo_vl/backends/verl_backend.py): verl 0.9.1's Ray workers, FSDP actor and vLLM engine,
+    driven by the same trainer, on one or more GPUs and nodes; started by bapo_vl.verl_launch.launch."""
+    LAUNCH: ClassVar[str] = "bapo_vl.verl_launch:launch"
+    INSTEAD: ClassVar[dict[str, str]] = {
+        "verl": "verl.* keys set verl's own config: add backend=verl (the verl_* presets set it), or drop them"}
+
+    # --- verl backend (backend=verl) ---
+    verl: dict = field(default_factory=dict, metadata={"dotted": True})
+    """overrides of verl's ppo_trainer config, dotted keys, for how verl runs the steps (parallelism, memory,
+    engine), e.g. {trainer.n_gpus_per_node: 8, actor_rollout_ref.rollout.gpu_memory_utilization: 0.4}. One key on the
+    command line: verl.trainer.nnodes=2, its value as verl's (Hydra's) overrides read it. Each layer (preset,
+    --config, command line) adds to the keys of those below it. A key our fields decide (model, lr, loss, lengths,
+    batch size, sampling: verl_launch.derived_settings) is refused, naming the field to set instead"""
+
+
+@dataclass
+class Config(EmbeddedOptions, VerlOptions):
     """Every field is checked on creation (check_fields): its type from the annotation, its range or names from
-    `within`. So a preset, a --config file, `key=value` and Config(...) in Python all meet the same checks."""
+    `within`. So a preset, a --config file, `key=value` and Config(...) in Python all meet the same checks. Which
+    backend reads a field is checked where what was given is known (load_config, resume_config)."""
     # --- run ---
     task: str = "countdown"
     """task plugin name (`bapo tasks` lists them)"""
@@ -125,8 +198,8 @@ class Config:
     """run name, a plain folder name (no / or \\, at most 255 bytes); default: <algo>-<task>-<timestamp>"""
     resume: str | None = None
     """a run directory to continue from its latest complete checkpoint, with the config recorded there (only steps,
-    max_rollouts, save_every, keep_checkpoints, log_samples, report_to, device, run_dir may change; the record keeps
-    the changes but device and run_dir, so a later resume goes on with them); a run stopped before its first
+    max_rollouts, save_every, keep_checkpoints, log_samples, report_to, verl, device, run_dir may change; the record
+    keeps the changes but device and run_dir, so a later resume goes on with them); a run stopped before its first
     checkpoint starts again from step 0"""
     seed: int = 42
     """seeds data order, sampling and BAPO's random choices"""
@@ -137,14 +210,10 @@ class Config:
     alike, the steps' `rollouts`) reach it, so a run overshoots by less than one step; 0 = no limit (steps caps)"""
     device: str = within("auto", DEVICES)
     """auto | cpu | cuda"""
-    dtype: str = within("auto", DTYPES)
-    """auto (bf16 on GPU, fp32 on CPU) | float32 | bfloat16"""
-    rollout_engine: str = within("auto", ROLLOUT_ENGINES)
-    """what samples rollouts in the embedded backend: auto (vllm for a text model on cuda when it is installed, else
-    transformers) | transformers | vllm (the [vllm] extra)"""
-    vllm_options: dict = field(default_factory=dict)
-    """keyword arguments of vLLM's LLM(...) for the vllm engine, over its defaults {gpu_memory_utilization: 0.3,
-    max_num_seqs: 1024}: e.g. {gpu_memory_utilization: 0.5, enforce_eager: true}"""
+    backend: str = within("embedded", BACKENDS)
+    """what runs the steps: embedded (one process, CPU or one GPU) | verl (Ray + FSDP + vLLM, one or more GPUs and
+    nodes: pip install -e ".[verl]"; the verl_* presets set it). Each reads the fields of its section below and
+    refuses the other's, naming what it takes instead"""
     algo: str = within("bapo", ALGOS)
     """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | ba_ppo | mini_test |
     grpo_replay"""
@@ -164,11 +233,6 @@ class Config:
     """tokens, images included; a longer prompt is an error"""
     max_response_length: int = within(8192, Range(ge=1))
     """tokens generated per response at most"""
-    generate_batch_size: int = within(256, Range(ge=1))
-    """sequences per generate call"""
-    score_batch_size: int = within(32, Range(ge=1))
-    """sequences per forward when scoring log-probs without gradients (behaviour, proximal, reference): larger than
-    micro_batch_size, which is sized for the update's activations (verl: log_prob_micro_batch_size_per_gpu)"""
 
     # --- BAPO batch adaptation ---
     delay: int = within(5, Range(ge=1), "delay=1 is on-policy")
@@ -222,9 +286,6 @@ class Config:
     mini_batch_size: int = within(64, Range(ge=1))
     """prompts (groups) per optimizer step at most: a batch of n groups takes ceil(n / mini_batch_size) optimizer
     steps on near-equal shares (bapo_vl.optim.mini_batches; verl trains on whole mini-batches only)"""
-    micro_batch_size: int = within(16, Range(ge=1))
-    """sequences per forward/backward (gradient accumulation inside a mini-batch; the embedded backend groups them by
-    length, except for balanced_clip, whose bounds are taken per micro-batch)"""
     # loss defaults are declared once, in loss_config.LossConfig; so are their docs (field_docs reads them there)
     loss: str = within(LossConfig.name, POLICY_LOSSES)
     """policy loss: ppo_clip | gspo | balanced_clip"""
@@ -288,6 +349,7 @@ class Config:
 
 
 FIELDS = {f.name: f for f in dataclasses.fields(Config)}
+BACKEND_OF = {f.name: name for name, options in BACKENDS.items() for f in dataclasses.fields(options)}
 
 
 # --- field checks: the type from the annotation, the range or names from `within` --------------------------------
@@ -430,9 +492,11 @@ def _attribute_docs(cls) -> tuple[dict[str, str], dict[str, str]]:
 
 
 def field_docs() -> dict[str, str]:
-    """{field: doc} of Config; the loss fields without a doc of their own take LossConfig's."""
+    """{field: doc} of Config and the backends' options; the loss fields without a doc of their own take
+    LossConfig's."""
     loss_docs = {k: doc for k, doc in _attribute_docs(LossConfig)[0].items() if k in SHARED_LOSS_FIELDS}
-    return {**loss_docs, **_attribute_docs(Config)[0]}
+    own = {k: doc for cls in (Config, *BACKENDS.values()) for k, doc in _attribute_docs(cls)[0].items()}
+    return {**loss_docs, **own}
 
 
 def field_default(f: dataclasses.Field):
@@ -447,11 +511,14 @@ def as_override(value) -> str:
 
 def config_help() -> str:
     """Every Config field with its default and doc, grouped by section (the epilog of `bapo train --help`)."""
-    docs, sections = field_docs(), _attribute_docs(Config)[1]
+    docs = field_docs()
+    sections = {k: section for cls in (Config, *BACKENDS.values()) for k, section in _attribute_docs(cls)[1].items()}
     tiny = read_config_file(PRESET_DIR / "tiny.yaml")  # what a plain `bapo train` runs
+    listed = [f for f in dataclasses.fields(Config) if f.name not in BACKEND_OF]  # Config's own, then each backend's
+    listed += [f for options in BACKENDS.values() for f in dataclasses.fields(options)]
     rows = [(sections[f.name], f"{f.name}={as_override(field_default(f))}",
              (f"[tiny: {as_override(tiny[f.name])}] " if f.name in tiny else "") + docs.get(f.name, ""))
-            for f in dataclasses.fields(Config)]
+            for f in listed]
     width = min(max(len(key) for _, key, _ in rows), 32)
     out = ["config fields, key=value, with Config's defaults. A plain `bapo train` runs the tiny preset, which sets "
            "those marked [tiny: ...] (e.g. steps=60 batch_size=32); --preset picks another, algo= changes some more:"]
@@ -473,13 +540,19 @@ def unknown_key(key: str, where: str = "") -> UnknownKey:
 
 
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
-    """`key=value` strings -> (key, YAML value) pairs; unknown keys and items without `=` are refused."""
+    """`key=value` strings -> (key, YAML value) pairs; unknown keys and items without `=` are refused. A field that
+    takes dotted keys (verl) takes `field.dotted.key=text` too: the pair (field, {dotted.key: text}), the text as
+    written, for the backend's own parser."""
     pairs = []
     for item in overrides:
         key, sep, text = item.partition("=")
         key = key.strip()
         if not sep:
             raise ConfigError(f"override {item!r} is not key=value")
+        name, _, entry = key.partition(".")
+        if entry and name in FIELDS and FIELDS[name].metadata.get("dotted"):
+            pairs.append((name, {entry: text}))
+            continue
         if key not in FIELDS:
             raise unknown_key(key)
         try:
@@ -493,8 +566,16 @@ def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
     return pairs
 
 
+def merge(values: dict, key: str, value) -> None:
+    """values[key] = value, except that a field taking dotted keys (verl) adds the given keys to those it holds."""
+    if FIELDS[key].metadata.get("dotted") and isinstance(value, dict) and isinstance(values.get(key), dict):
+        value = {**values[key], **value}
+    values[key] = value
+
+
 def read_config_file(path: Path) -> dict:
-    """The fields a preset or --config file sets; the errors name the file (and the line)."""
+    """The fields a preset or --config file sets, and `preset`, the preset it builds on, if it names one; the errors
+    name the file (and the line). The verl launcher's older layout, the fields under `bapo:`, reads the same."""
     if not path.is_file():
         known = ", ".join(p.stem for p in sorted(PRESET_DIR.glob("*.yaml")))
         raise FileNotFoundError(f"config {path} not found (presets: {known})")
@@ -511,35 +592,95 @@ def read_config_file(path: Path) -> dict:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: a config file holds `key: value` lines, not a {type(data).__name__}")
+    nested = data.pop("bapo", None) or {}  # the verl launcher's older layout
+    if not isinstance(nested, dict):
+        raise ConfigError(f"{path}: bapo: holds `key: value` lines, not a {type(nested).__name__}")
+    data.update(nested)
     for key in data:
-        if key not in FIELDS:
+        if key not in FIELDS and key != "preset":
             raise unknown_key(str(key), f"{path}: ")
     return data
 
 
+def config_layers(path: Path) -> list[tuple[Path, dict]]:
+    """(file, the fields it sets) for a config file and, first, the presets it builds on (`preset: NAME`)."""
+    data = read_config_file(path)
+    base = data.pop("preset", None)
+    return [*(config_layers(PRESET_DIR / f"{base}.yaml") if base is not None else []), (path, data)]
+
+
 def load_config(preset: str | None = None, file: str | None = None, overrides: list[str] = ()) -> Config:
-    """Config from a preset name (presets/<name>.yaml), then a YAML file, then `key=value` overrides.
+    """Config from a preset name (presets/<name>.yaml), then a YAML file, then `key=value` overrides. Either file
+    may build on a preset (`preset: NAME`, read before it); with no preset named, the tiny one is the base.
     `algo=...` expands to its preset fields before the other overrides, so `algo=dapo clip_high=0.3` works.
-    A value refused from a file is reported with the file's path."""
+    A value refused from a file is reported with the file's path. A field only another backend reads is refused
+    when given (an override, a --config file; check_backend_options), not when a bundled preset sets it."""
+    named = config_layers(PRESET_DIR / f"{preset}.yaml") if preset else []
+    own = config_layers(Path(file)) if file is not None else []
+    names_base = named or len(own) > 1  # --preset, or the file's `preset:`
+    layers = (config_layers(PRESET_DIR / "tiny.yaml") if not names_base else []) + named + own
     values: dict[str, Any] = {}
     origin: dict[str, Path] = {}  # the file each value came from (none: an override or an algo preset)
-    for path in [PRESET_DIR / f"{preset or 'tiny'}.yaml", file]:
-        if path is not None:
-            data = read_config_file(Path(path))
-            values.update(data)
-            origin.update(dict.fromkeys(data, Path(path)))
+    for path, data in layers:
+        for key, value in data.items():
+            merge(values, key, value)
+        origin.update(dict.fromkeys(data, path))
+    given = {key for path, data in layers if path.resolve().parent != PRESET_DIR.resolve() for key in data}
     pairs = parse_overrides(overrides)
     algo = dict(pairs).get("algo", values.get("algo", "bapo"))
     if algo not in ALGOS:
         where = f"{origin['algo']}: " if "algo" in origin and "algo" not in dict(pairs) else ""
         raise ConfigError(f"{where}algo={algo!r}: choose one of {', '.join(ALGOS)}", "algo")
     values.update(ALGOS[algo], algo=algo)
-    values.update(pairs)
+    for key, value in pairs:
+        merge(values, key, value)
     for key in [*ALGOS[algo], *dict(pairs)]:
         origin.pop(key, None)
     try:
-        return Config(**values)
+        cfg = Config(**values)
+        check_backend_options(cfg, given | set(dict(pairs)))
+        return cfg
     except ConfigError as e:
         if e.key in origin:
             raise ConfigError(f"{origin[e.key]}: {e}", e.key) from None
         raise
+
+
+def check_backend_options(cfg: Config, given) -> None:
+    """A field of the keys `given` that only another backend reads is refused: one line naming what cfg.backend
+    takes instead."""
+    key = next((k for k in FIELDS if k in given and BACKEND_OF.get(k, cfg.backend) != cfg.backend), None)
+    if key is not None:
+        raise ConfigError(f"{key}={shorten(getattr(cfg, key))}: the {cfg.backend} backend does not use it; "
+                          f"{BACKENDS[BACKEND_OF[key]].INSTEAD[key]}", key)
+
+
+def launcher(backend: str):
+    """The function that runs a training run on `backend` (its LAUNCH): launch(cfg, quiet=False) -> the run
+    directory. Imported here, when a run starts."""
+    module, _, name = BACKENDS.lookup(backend).LAUNCH.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+# --- resume: the config a run recorded ---------------------------------------------------------------------------
+
+def recorded_config(run_dir) -> dict:
+    """The config a run was started with, as its record holds it (with the changes its resumes recorded); a record
+    written before Config had `backend` has it from the record's meta."""
+    if not (Path(run_dir) / DB_NAME).is_file():
+        raise ConfigError(f"resume={run_dir}: no run record {Path(run_dir) / DB_NAME}; name the directory of a run "
+                          "(`bapo runs --root DIR` lists them)", "resume")
+    rows = query_ro(run_dir, "SELECT json FROM config")
+    if not rows:
+        raise ValueError(f"{Path(run_dir) / 'run.db'} holds no config: not a training run")
+    return {"backend": read_meta(run_dir).get("backend", "embedded"), **json.loads(rows[0]["json"])}
+
+
+def resume_config(run_dir, overrides: list[str] = ()) -> Config:
+    """`bapo train resume=RUN_DIR [key=value ...]`: the run's recorded config with the (allowed) changes."""
+    values, pairs = recorded_config(run_dir), parse_overrides(overrides)
+    for key, value in pairs:
+        merge(values, key, value)
+    cfg = Config(**{**values, "resume": str(run_dir)})
+    check_backend_options(cfg, set(dict(pairs)))
+    return cfg

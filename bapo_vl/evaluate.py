@@ -168,8 +168,8 @@ def _checkpoints(run_dir: Path) -> str:
 
 def preset_config(model: str, task: str) -> dict:
     """The config of the training preset (bapo_vl/presets/<name>.yaml) that trains `model` on `task`, or {}: the
-    lengths and prompt template a bare model is evaluated with. Launch files of other trainers (verl_*.yaml: keys
-    that are no Config fields) are not training presets of this one."""
+    lengths and prompt template a bare model is evaluated with. A preset built on another (`preset:`, the verl_*.yaml)
+    is passed over: the one it builds on states the model."""
     from bapo_vl.models import resolve_model
 
     wanted = _same_model(resolve_model(model))

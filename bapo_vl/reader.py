@@ -12,6 +12,8 @@ The hard-problem ledger, accuracy bins and migration matrices are computed from 
 prompt that was 0/G fresh and then >= 1/G when re-evaluated from B_bad at that same step is a hard prompt, retried
 and solved at that step.
 `read_run` is the run as plain JSON (`bapo runs show --json`); `summary` is the run in a few numbers.
+A record of an older schema that it still reads (record.OLDEST_READABLE) is read as it is, its metrics under this
+version's names (record.current_metrics: a version 2 record's t_score is t_verify).
 
 Costs at 40,000 prompts x 500 steps (about 160,000 prompt_steps rows): the per-step table is 500 rows; the first
 read of the generated groups takes about a second, each later step a few milliseconds; the ledger, histograms and
@@ -28,7 +30,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from bapo_vl.record import DB_NAME, FRESH, GENERATED, STEP_COLUMNS, connect_ro, shown_status, sql_in
+from bapo_vl.record import (DB_NAME, FRESH, GENERATED, SCHEMA_VERSION, STEP_COLUMNS, connect_ro, current_metrics,
+                            shown_status, sql_in)
 
 # per-step numbers the trainer logs only inside the metrics JSON, which the per-step table also carries
 JSON_METRICS = ("c1", "rollouts_fresh", "rollouts_reevaluated", "trained_groups")
@@ -283,7 +286,7 @@ class Run:
         if not (self.path / DB_NAME).is_file():
             raise FileNotFoundError(f"no run record at {self.path / DB_NAME}")
         if check:
-            connect_ro(self.path).close()  # an old schema fails here, saying how to upgrade it
+            connect_ro(self.path).close()  # a schema too old fails here, saying how to upgrade it
         self.label = label or self.path.name
         self._lock = threading.Lock()
         self._version = None
@@ -324,8 +327,9 @@ class Run:
             config = conn.execute("SELECT json FROM config").fetchone()
             self._config = json.loads(config[0]) if config else {}
             rows = conn.execute("SELECT step, time, metrics, bins FROM steps ORDER BY step")
-            self._records = [{"step": s, "time": t, **json.loads(m), "bins": json.loads(b) if b else None}
-                             for s, t, m, b in rows]
+            written = int(self._meta.get("schema_version", SCHEMA_VERSION))  # an older one reads as it is
+            self._records = [{"step": s, "time": t, **current_metrics(json.loads(m), written),
+                              "bins": json.loads(b) if b else None} for s, t, m, b in rows]
             self._steps = _step_table(self._records)
             self._evals = pd.read_sql_query("SELECT step, name, metric, value FROM evals ORDER BY step", conn)
             self._verdicts = pd.read_sql_query("SELECT step, verdict, SUM(count) AS count FROM verdicts "

@@ -9,7 +9,7 @@ This module is the format: schema, subset vocabulary, the writer (`RunRecord`), 
 read-only access. What the readers compute from it (ledger, accuracy bins, migration, summary) is
 bapo_vl/reader.py, used by both `bapo runs show` and the dashboard.
 
-Schema (SCHEMA_VERSION = 2; JSON columns are text):
+Schema (SCHEMA_VERSION = 3; JSON columns are text):
 
     meta(key PRIMARY KEY, value)       schema_version, created_at, name, status (running/finished/failed),
                                        backend, bapo_vl_version, finished_at, resumed_at, upgraded_at,
@@ -18,6 +18,9 @@ Schema (SCHEMA_VERSION = 2; JSON columns are text):
     steps(step PRIMARY KEY, time,      one row per training step; `metrics` holds every key the trainer
           metrics JSON, bins JSON,     logged (known or not), the other columns copy the most queried ones
           x1, x2, x3, batch_size, ...) (see STEP_COLUMNS). `bins` = fresh groups per accuracy bin 0/G..G/G.
+                                       Seconds per phase: t_generate (the backend's generate), split into
+                                       t_generate_sample and t_generate_logprobs; t_verify (the task's
+                                       verifier); t_train (the update); t_sync (alpha <- pi_theta).
     prompt_steps(step, uid, correct,   one row per group seen at a step; subset is one of SUBSETS (below)
           G, subset)
     problems(uid PRIMARY KEY, text,    written once per uid; image = PNG bytes of the first image (VL tasks)
@@ -42,8 +45,12 @@ their correct count says nothing about the policy at step t.
 
 Version 1 records (bapo-vl before the vocabulary above) named x1 `fresh` and not_promoted `reeval`, wrote
 samples of any fresh group as `fresh`, and logged the metrics `rollouts_reeval` and `reeval_reward` (now
-`rollouts_reevaluated`, `reevaluated_reward`). `upgrade` rewrites one in place; the writer does it on `open`,
-the readers refuse an old record with a message that says to run `bapo runs upgrade RUN`.
+`rollouts_reevaluated`, `reevaluated_reward`). Version 2 records named the verifier's time `t_score` (now
+`t_verify`) and kept generate's split (`t_generate_sample`, `t_generate_logprobs`) in the metrics JSON only.
+`upgrade` rewrites an old record in place, one version after the other; the writer does it on `open`. The readers
+read a version 2 record as it is, renaming its metrics as they read them (`current_metrics`), so a record on a
+read-only disk, or one an older trainer is still writing, stays readable; a version 1 record they refuse with a
+message that says to run `bapo runs upgrade RUN`.
 """
 from __future__ import annotations
 
@@ -64,7 +71,8 @@ import bapo_vl
 
 log = logging.getLogger(__name__)
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+OLDEST_READABLE = 2  # the oldest version the readers read without an upgrade (see current_metrics)
 DB_NAME = "run.db"
 
 # The subsets (see the module docstring). Every use in code derives from these names.
@@ -94,10 +102,13 @@ STEP_COLUMNS = {
     "entropy": "REAL",
     "clip_frac": "REAL",
     "grad_norm": "REAL",
-    "t_generate": "REAL",
-    "t_score": "REAL",
-    "t_train": "REAL",
-    "t_sync": "REAL",
+    # seconds per phase of the step
+    "t_generate": "REAL",  # inside backend.generate (fresh and re-evaluated groups), of which ...
+    "t_generate_sample": "REAL",  # ... the rollout engine's sampling (verl: with vLLM's log-probs, X2's weight swaps)
+    "t_generate_logprobs": "REAL",  # ... the embedded backend's scoring of the behaviour log-probs (verl: none)
+    "t_verify": "REAL",  # decoding the responses and grading them with the task's verifier
+    "t_train": "REAL",  # backend.update (with the reference and value models' passes it makes)
+    "t_sync": "REAL",  # backend.sync: pi_theta's weights into the rollout policy alpha
 }
 
 
@@ -417,30 +428,91 @@ V1_FRESH, V1_REEVAL = "fresh", "reeval"  # v1 names of x1 (in samples: of any fr
 V1_SUBSETS = {V1_FRESH: X1, V1_REEVAL: NOT_PROMOTED}
 V1_METRICS = {"rollouts_reeval": "rollouts_reevaluated", "reeval_reward": "reevaluated_reward"}
 V1_NEW_COLUMNS = ("pg_loss", "grad_norm")
+# what changed from version 2 to 3: "score" could be read as log-prob scoring or reward; it timed the verifier
+V2_METRICS = {"t_score": "t_verify"}
+V2_NEW_COLUMNS = ("t_generate_sample", "t_generate_logprobs")
+RENAMED_METRICS = {1: V1_METRICS, 2: V2_METRICS}  # version -> the metric keys renamed on the way to the next
 
 
 class RecordVersionError(ValueError):
-    """A record of another schema version than this bapo-vl's."""
+    """A record of a schema version this bapo-vl does not read."""
 
 
 def _schema_version(conn) -> int:
     return int(conn.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone()[0])
 
 
-def _check_version(path: Path, version: int) -> None:
-    if version < SCHEMA_VERSION:
-        raise RecordVersionError(f"{path} is a run record of schema version {version}, this bapo-vl reads version "
-                                 f"{SCHEMA_VERSION}: run `bapo runs upgrade {path.parent}` to upgrade it in place")
+def _check_version(path: Path, version: int, oldest: int = SCHEMA_VERSION) -> None:
+    if version < oldest:
+        raise RecordVersionError(f"{path} is a run record of schema version {version}, this bapo-vl reads versions "
+                                 f"{oldest} to {SCHEMA_VERSION}: run `bapo runs upgrade {path.parent}` to upgrade "
+                                 f"it in place")
     if version > SCHEMA_VERSION:
         raise RecordVersionError(f"{path} has schema version {version}, newer than this bapo-vl understands "
                                  f"({SCHEMA_VERSION}): upgrade bapo-vl")
 
 
+def _next_metrics(metrics: dict, version: int) -> dict:
+    renamed = RENAMED_METRICS.get(version, {})
+    return {renamed.get(k, k): x for k, x in metrics.items()}
+
+
+def current_metrics(metrics: dict, version: int) -> dict:
+    """A step's metrics as a record of schema `version` logged them, under this version's names."""
+    for v in range(version, SCHEMA_VERSION):
+        metrics = _next_metrics(metrics, v)
+    return metrics
+
+
+def _rename_metrics(conn, version: int) -> list[tuple[dict, int]]:
+    """Rename the metric keys inside steps.metrics from `version`'s names to the next version's;
+    returns (metrics, step) per step."""
+    rows = conn.execute("SELECT step, metrics FROM steps").fetchall()
+    renamed = [(_next_metrics(json.loads(m), version), step) for step, m in rows]
+    conn.executemany("UPDATE steps SET metrics = ? WHERE step = ?", [(_dumps(m), t) for m, t in renamed])
+    return renamed
+
+
+def _add_columns(conn, columns, renamed: list[tuple[dict, int]]) -> None:
+    """Columns an older version kept only in the metrics JSON: added to steps and filled from it."""
+    have = {r[1] for r in conn.execute("PRAGMA table_info(steps)")}
+    for col in columns:
+        if col not in have:
+            conn.execute(f"ALTER TABLE steps ADD COLUMN {col} {STEP_COLUMNS[col]}")
+    conn.executemany(f"UPDATE steps SET {', '.join(f'{c} = ?' for c in columns)} WHERE step = ?",
+                     [(*(_number(m.get(c)) for c in columns), t) for m, t in renamed])
+
+
+def _v1_to_v2(conn) -> None:
+    for old, new in V1_SUBSETS.items():
+        conn.execute("UPDATE prompt_steps SET subset = ? WHERE subset = ?", (new, old))
+    # a v1 sample of a fresh group was `fresh`, kept or not: its group at the same step says which
+    conn.execute(f"UPDATE samples SET subset = COALESCE((SELECT p.subset FROM prompt_steps p WHERE "
+                 f"p.step = samples.step AND p.uid = samples.uid AND p.{sql_in(FRESH)}), ?) WHERE subset = ?",
+                 (X1, V1_FRESH))
+    conn.execute("UPDATE samples SET subset = ? WHERE subset = ?", (NOT_PROMOTED, V1_REEVAL))
+    _add_columns(conn, V1_NEW_COLUMNS, _rename_metrics(conn, 1))
+
+
+def _v2_to_v3(conn) -> None:
+    renamed = _rename_metrics(conn, 2)
+    have = {r[1] for r in conn.execute("PRAGMA table_info(steps)")}
+    for old, new in V2_METRICS.items():
+        if old in have:
+            conn.execute(f"ALTER TABLE steps RENAME COLUMN {old} TO {new}")
+    _add_columns(conn, (*V2_METRICS.values(), *V2_NEW_COLUMNS), renamed)
+
+
+UPGRADES = {1: _v1_to_v2, 2: _v2_to_v3}  # version -> what brings a record of it to the next
+
+
 def upgrade(run_dir) -> bool:
-    """Rewrite an old (version 1) record in place to this schema, in one transaction: subset names in
-    prompt_steps and samples, the renamed metric keys inside steps.metrics, meta schema_version. A v1 sample
-    named `fresh` takes its group's subset at the same step (x1 or filtered; x1 if the group was not recorded).
-    Returns whether anything changed (False: already current). Readers may stay open meanwhile (WAL)."""
+    """Rewrite an old record in place to this schema, in one transaction, one version after the other (UPGRADES):
+    v1 -> v2 renames subsets in prompt_steps and samples (a v1 sample named `fresh` takes its group's subset at the
+    same step: x1 or filtered; x1 if the group was not recorded) and metric keys, and adds columns; v2 -> v3 renames
+    t_score to t_verify (column and metric key) and gives generate's split its columns. Then meta schema_version.
+    Returns whether anything changed (False: already current). Readers may stay open meanwhile (WAL); a trainer of
+    an older bapo-vl writing the record may not (`bapo runs upgrade` refuses while one holds the run directory)."""
     path = Path(run_dir) / DB_NAME
     if not path.exists():
         raise FileNotFoundError(f"no run record at {path}")
@@ -452,22 +524,8 @@ def upgrade(run_dir) -> bool:
             if version >= SCHEMA_VERSION:
                 _check_version(path, version)  # newer: refuse
                 return False
-            for old, new in V1_SUBSETS.items():
-                conn.execute("UPDATE prompt_steps SET subset = ? WHERE subset = ?", (new, old))
-            # a v1 sample of a fresh group was `fresh`, kept or not: its group at the same step says which
-            conn.execute(f"UPDATE samples SET subset = COALESCE((SELECT p.subset FROM prompt_steps p WHERE "
-                         f"p.step = samples.step AND p.uid = samples.uid AND p.{sql_in(FRESH)}), ?) WHERE subset = ?",
-                         (X1, V1_FRESH))
-            conn.execute("UPDATE samples SET subset = ? WHERE subset = ?", (NOT_PROMOTED, V1_REEVAL))
-            rows = conn.execute("SELECT step, metrics FROM steps").fetchall()
-            renamed = [({V1_METRICS.get(k, k): v for k, v in json.loads(m).items()}, step) for step, m in rows]
-            conn.executemany("UPDATE steps SET metrics = ? WHERE step = ?", [(_dumps(m), t) for m, t in renamed])
-            have = {r[1] for r in conn.execute("PRAGMA table_info(steps)")}
-            for col in V1_NEW_COLUMNS:  # columns v1 kept only in the metrics JSON
-                if col not in have:
-                    conn.execute(f"ALTER TABLE steps ADD COLUMN {col} {STEP_COLUMNS[col]}")
-            conn.executemany(f"UPDATE steps SET {', '.join(f'{c} = ?' for c in V1_NEW_COLUMNS)} WHERE step = ?",
-                             [(*(_number(m.get(c)) for c in V1_NEW_COLUMNS), t) for m, t in renamed])
+            for v in range(version, SCHEMA_VERSION):
+                UPGRADES[v](conn)
             conn.executemany("INSERT OR REPLACE INTO meta VALUES (?, ?)",
                              [("schema_version", str(SCHEMA_VERSION)), ("upgraded_at", _now())])
         log.info("upgraded %s from schema version %d to %d", path, version, SCHEMA_VERSION)
@@ -573,8 +631,10 @@ def _unreadable(run_dir, error: sqlite3.Error) -> UnreadableRecordError:
 
 def connect_ro(run_dir, check_version: bool = True) -> sqlite3.Connection:
     """Read-only connection that writes nothing (see _ro_uri); in WAL mode it sees committed steps and never
-    blocks the writer. A file that is no readable record raises UnreadableRecordError naming it; a record of
-    another schema version raises RecordVersionError (saying how to upgrade it) unless check_version=False."""
+    blocks the writer. A file that is no readable record raises UnreadableRecordError naming it; a record of a
+    version outside OLDEST_READABLE..SCHEMA_VERSION raises RecordVersionError (saying how to upgrade it) unless
+    check_version=False. A version 2 record is read as it is: SQL that names t_verify or generate's split columns
+    fails on it (bapo_vl.reader reads the metrics JSON through current_metrics instead)."""
     path = Path(run_dir) / DB_NAME
     if not path.exists():
         raise FileNotFoundError(f"no run record at {path}")
@@ -587,7 +647,7 @@ def connect_ro(run_dir, check_version: bool = True) -> sqlite3.Connection:
             raise _unreadable(run_dir, e if isinstance(e, sqlite3.Error) else sqlite3.DatabaseError(
                 "no schema_version in its meta table")) from None
         if check_version:
-            _check_version(path, version)
+            _check_version(path, version, oldest=OLDEST_READABLE)
     except BaseException:
         conn.close()
         raise
@@ -623,10 +683,3 @@ def find_runs(root) -> list[Path]:
 
     return sorted(dirs, key=created, reverse=True)
 
-
-def read_run(run_dir) -> dict:
-    """Everything about a run as plain JSON-able data (`bapo runs show --json`): see bapo_vl.reader.read_run,
-    imported here when called since the reader imports this module."""
-    from bapo_vl.reader import read_run
-
-    return read_run(run_dir)

@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from bapo_vl.reader import read_run
-from bapo_vl.record import (DB_NAME, SCHEMA_VERSION, UnreadableRecordError, find_runs, query_ro, read_meta,
-                            shown_status, upgrade)
+from bapo_vl.record import (DB_NAME, OLDEST_READABLE, SCHEMA_VERSION, RunLockedError, UnreadableRecordError,
+                            find_runs, query_ro, read_meta, shown_status, trainer_alive, upgrade)
 
 # per-step columns shown by `runs show` (header, key, format)
 SHOW_COLUMNS = [
@@ -23,7 +23,8 @@ SHOW_COLUMNS = [
     ("B", "batch_size", "{}"), ("|B_bad|", "bad_size", "{}"), ("|B_high|", "high_size", "{}"),
     ("c2", "c2", "{:.3f}"), ("c3", "c3", "{:.3f}"), ("rollouts", "rollouts", "{}"),
     ("fresh r", "fresh_reward", "{:.3f}"), ("batch r", "reward", "{:.3f}"), ("loss", "loss", "{:.4g}"),
-    ("kl", "kl", "{:.3g}"), ("gen s", "t_generate", "{:.1f}"), ("train s", "t_train", "{:.1f}"),
+    ("kl", "kl", "{:.3g}"), ("gen s", "t_generate", "{:.1f}"), ("verify s", "t_verify", "{:.1f}"),
+    ("train s", "t_train", "{:.1f}"),
 ]
 
 
@@ -56,7 +57,7 @@ def _print_table(title: str, headers: list[str], rows: list[list[str]]) -> None:
 def _brief(run_dir: Path) -> list[str]:
     """name, status, steps, last fresh reward, created: cheap, without reading every step."""
     meta = read_meta(run_dir)
-    if int(meta.get("schema_version", 0)) < SCHEMA_VERSION:  # listed, but its steps are read after an upgrade
+    if int(meta.get("schema_version", 0)) < OLDEST_READABLE:  # listed, but its steps are read after an upgrade
         return [meta.get("name", run_dir.name), f"old record: bapo runs upgrade {run_dir}", "-", "-",
                 meta.get("created_at", "")[:19].replace("T", " "), str(run_dir)]
     n, last = query_ro(run_dir, "SELECT COUNT(*), MAX(step) FROM steps")[0]
@@ -126,12 +127,14 @@ def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
                 [finished_at, resumed_at, upgraded_at, verifier_version, verifier_versions]}
       config   the full config as logged at creation
       steps    [{step, time, bins, x1, x2, x3, batch_size, bad_size, high_size, c2, c3, r_tot, rollouts,
-                 fresh_reward, reward, loss, kl, entropy, clip_frac, t_generate, t_score, t_train, t_sync,
-                 ...any other metric the trainer logged}, ...] in step order; absent metrics are absent keys
+                 fresh_reward, reward, loss, kl, entropy, clip_frac, t_generate, t_generate_sample,
+                 t_generate_logprobs, t_verify, t_train, t_sync,
+                 ...any other metric the trainer logged}, ...] in step order; absent metrics are absent keys;
+                 names are this version's whatever version wrote the record (a v2 record's t_score is t_verify)
       summary  {n_steps, last_step, rollouts, fresh_reward_first, fresh_reward_last, steps_with_x2,
                 steps_with_x3, first_unsolved, later_solved, later_solved_fraction}
-    Returns 0, or 2 when the run is not found. A record of another schema version raises RecordVersionError, a
-    ValueError whose message says how to upgrade it (bapo's main prints it)."""
+    Returns 0, or 2 when the run is not found. A record of a schema version this bapo-vl does not read raises
+    RecordVersionError, a ValueError whose message says how to upgrade it (bapo's main prints it)."""
     run_dir = resolve_run(run, root)
     if run_dir is None:
         return _not_found(run, root)
@@ -157,11 +160,13 @@ def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
 def cmd_runs_upgrade(run: str, root: str = "runs") -> int:
     """Upgrade an old run record in place to this bapo-vl's schema (bapo_vl.record.upgrade); a current one is
     left alone. Returns 0, or 2 when the run is not found; a record newer than this bapo-vl raises
-    RecordVersionError (a ValueError: bapo's main prints it)."""
+    RecordVersionError, an old one that a trainer is writing RunLockedError (ValueErrors: bapo's main prints them)."""
     run_dir = resolve_run(run, root)
     if run_dir is None:
         return _not_found(run, root)
     old = read_meta(run_dir).get("schema_version")
+    if int(old) < SCHEMA_VERSION and trainer_alive(run_dir):  # an older bapo-vl's: it would write the old columns
+        raise RunLockedError(f"{run_dir} is being written by a trainer: upgrade it once that trainer stops")
     changed = upgrade(run_dir)
     print(f"{run_dir}: upgraded from schema version {old} to {SCHEMA_VERSION}" if changed
           else f"{run_dir}: already schema version {SCHEMA_VERSION}, nothing to do")

@@ -62,13 +62,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bapo_vl.config import Config, load_config
+from bapo_vl.config import Config, load_config, resume_config
 from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, setup
 from bapo_vl.reader import migration as bin_migration
 from bapo_vl.record import RunRecord, query_ro
 from bapo_vl.stats import (hierarchical_bootstrap_diff, hierarchical_bootstrap_mean, holm,
                            rollouts_ratio_bootstrap)
-from bapo_vl.train import checkpoint_steps, resume_config, train
+from bapo_vl.train import checkpoint_steps, train
 
 # Grid entries: name -> config overrides. The first are the algorithms (config.ALGOS presets) ...
 ALGORITHMS = ("grpo", "grpo_v5", "dapo", "bapo", "bapo_no_x2", "bapo_no_x3", "mini_test", "grpo_replay")
@@ -389,12 +389,12 @@ def curve_point(row: dict) -> dict:
 def newest_checkpoint(run_dir: Path) -> tuple[int, int, int, float]:
     """(step, rollouts, optimizer steps, training seconds) of a run up to its newest checkpoint, from its record
     (truncated to that checkpoint on every resume). Optimizer steps sum the steps' own count (a step may take
-    several mini-batch updates, or none). The seconds are the steps' own timings (generate, score, train, sync): a
+    several mini-batch updates, or none). The seconds are the steps' own timings (generate, verify, train, sync): a
     run restarted on another machine, or resumed, counts each step once, and model loading not at all."""
     step = checkpoint_steps(run_dir)[-1]
     rollouts, updates, seconds = query_ro(
         run_dir, "SELECT COALESCE(SUM(rollouts), 0), COALESCE(SUM(json_extract(metrics, '$.optimizer_steps')), 0), "
-                 "COALESCE(SUM(t_generate + t_score + t_train + t_sync), 0) FROM steps WHERE step <= ?", (step,))[0]
+                 "COALESCE(SUM(t_generate + t_verify + t_train + t_sync), 0) FROM steps WHERE step <= ?", (step,))[0]
     return step, rollouts, int(updates), seconds
 
 

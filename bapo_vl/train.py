@@ -1,10 +1,10 @@
-"""`bapo train`: load the task and the backend, run the steps, write the run record and checkpoints."""
+"""`bapo train` on the embedded backend (and the loop every backend's launcher runs): load the task and the backend,
+run the steps, write the run record and checkpoints."""
 from __future__ import annotations
 
 import dataclasses
 import errno
 import importlib
-import json
 import logging
 import os
 import shutil
@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from bapo_vl.backends.base import CheckpointError, load_checkpoint_file
-from bapo_vl.config import Config, ConfigError, as_override, one_line
+from bapo_vl.config import Config, ConfigError, as_override, one_line, recorded_config
 from bapo_vl.plugins import check_load_options, get_task
 from bapo_vl.record import (DB_NAME, FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir, make_sinks,
                             query_ro)
@@ -28,7 +28,7 @@ DISK_FULL = 1 << 20  # bytes: less room than this left after a failed write mean
 STATE = "state.pt"  # the trainer's part of a checkpoint folder (the backend writes its own files beside it)
 # What a resumed run may change; everything else must be as recorded, or it would not be the same run.
 RESUME_MAY_CHANGE = {"resume", "steps", "max_rollouts", "save_every", "keep_checkpoints", "log_samples", "report_to",
-                     "device", "run_dir"}
+                     "verl", "device", "run_dir"}
 # The changes a resume writes into the record, so that a later plain resume=RUN goes on with them (an extended run
 # killed before its new end still trains to it); where it runs (device, run_dir) belongs to the machine, not the run.
 RESUME_RECORDS = RESUME_MAY_CHANGE - {"resume", "device", "run_dir"}
@@ -40,7 +40,12 @@ class RunFailed(RuntimeError):
 
 
 def make_backend(cfg: Config):
-    from bapo_vl.backends.embedded import EmbeddedBackend  # the only backend in this module's reach
+    """The embedded backend. Another backend's workers are built by its launcher (config.launcher), which passes
+    the backend to train()."""
+    if cfg.backend != "embedded":
+        raise ConfigError(f"backend={cfg.backend}: train() builds the embedded backend; start this run with "
+                          f"bapo_vl.config.launcher({cfg.backend!r}), as `bapo train` does", "backend")
+    from bapo_vl.backends.embedded import EmbeddedBackend
 
     return EmbeddedBackend(cfg)
 
@@ -156,24 +161,6 @@ def prune_checkpoints(run_dir: Path, newest: int, keep: int) -> None:
         gone = root / f".step_{step}.removed"
         os.replace(root / f"step_{step}", gone)
         shutil.rmtree(gone, ignore_errors=True)
-
-
-def recorded_config(run_dir) -> dict:
-    """The config a run was started with, as its record holds it (with the changes its resumes recorded)."""
-    if not (Path(run_dir) / DB_NAME).is_file():
-        raise ConfigError(f"resume={run_dir}: no run record {Path(run_dir) / DB_NAME}; name the directory of a run "
-                          "(`bapo runs --root DIR` lists them)", "resume")
-    rows = query_ro(run_dir, "SELECT json FROM config")
-    if not rows:
-        raise ValueError(f"{Path(run_dir) / 'run.db'} holds no config: not a training run")
-    return json.loads(rows[0]["json"])
-
-
-def resume_config(run_dir, overrides: list[str] = ()) -> Config:
-    """`bapo train resume=RUN_DIR [key=value ...]`: the run's recorded config with the (allowed) changes."""
-    from bapo_vl.config import parse_overrides
-
-    return Config(**{**recorded_config(run_dir), **dict(parse_overrides(overrides)), "resume": str(run_dir)})
 
 
 def check_resumable(cfg: Config, run_dir: Path):
@@ -377,7 +364,8 @@ def run_path(cfg: Config) -> Path:
 
 
 def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
-    """Run (or resume) training; `backend` defaults to the embedded one (verl_main passes a VerlBackend)."""
+    """Run (or resume) training: the embedded backend's launcher (config.BACKENDS), and the loop other launchers
+    run over their own `backend` (bapo_vl.verl_launch.run passes a VerlBackend)."""
     if quiet:  # transformers' own loading / saving bars too
         from transformers.utils import logging as hf_logging
 

@@ -153,7 +153,7 @@ class Trainer:
         self.updates = 0
         self.rollout_version = 0
         self.verdicts: Counter = Counter()
-        self.timings: Counter = Counter()
+        self.timings: Counter = Counter()  # seconds this step: generate, verify, train, sync (record.STEP_COLUMNS)
 
     # --- pieces of a step ------------------------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ class Trainer:
                                   for r, text in zip(responses, group_texts)], step, version, source, prompt)
                   for problem, prompt, responses, group_texts in zip(problems, prompts, outputs, texts)]
         self.timings["generate"] += t1 - t0
-        self.timings["score"] += time.perf_counter() - t1
+        self.timings["verify"] += time.perf_counter() - t1  # decoding and the verifier
         return groups
 
     def fresh_groups(self, step: int) -> tuple[list[Group], list[Group]]:
@@ -291,7 +291,7 @@ class Trainer:
             "reevaluated_reward": mean([r for g in reevaluated for r in g.rewards]),
             "bins": bins, "policy_version": self.updates, "rollout_version": self.rollout_version,
             "response_length": mean([len(s.tokens) for g in fresh for s in g.samples]),
-            **{f"t_{k}": self.timings.get(k, 0.0) for k in ("generate", "score", "train", "sync")},
+            **{f"t_{k}": self.timings.get(k, 0.0) for k in ("generate", "verify", "train", "sync")},
             **{f"t_generate_{k}": v for k, v in self.backend.timings.items()},  # where generate's time went
             "optimizer_steps": 0,  # a step that trained nothing
             **{k: v for k, v in train_metrics.items()},

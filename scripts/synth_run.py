@@ -9,7 +9,7 @@ range filter 1/G <= mu <= (G-1)/G, `filtered` dropped), every m steps up to `ree
 re-generated with the current policy (`x2` promoted when c1 < mu_new < 1, `not_promoted` otherwise), `x3`
 replays of B_high groups of the last 3 steps filling the batch up to B; thresholds c2/c3 from the real
 `bapo_vl.algorithm.Thresholds` (eq. 8); the metrics the trainer logs (bins, buffer sizes, rollouts, rewards,
-loss terms, KL, grad norm, importance ratio, timings split into generate/score/train/sync, verdicts), a few
+loss terms, KL, grad norm, importance ratio, timings split into generate/verify/train/sync, verdicts), a few
 sampled responses per step, and a held-out evaluation every 25 steps. `--images` attaches a small PNG diagram to
 the prompts whose responses are sampled (as a Geometry3K record has one per prompt). `--sleep S` writes one step
 every S seconds (a live run for the dashboard: it holds the run directory's lock, as a trainer does, so readers
@@ -190,7 +190,7 @@ def synth(out: Path, prompts: int, steps: int, B: int = 256, G: int = 8, m: int 
             "entropy": 0.9 - 0.3 * t / steps + float(rng.normal(0, 0.01)), "clip_frac": float(rng.beta(2, 60)),
             "policy_version": t - 1, "rollout_version": (t - 1) - (t - 1) % delay,
             "response_length": float(rng.normal(300, 20)),
-            "t_generate": gen, "t_score": float(rng.gamma(4, 0.5)), "t_train": float(rng.gamma(30, 0.8)),
+            "t_generate": gen, "t_verify": float(rng.gamma(4, 0.5)), "t_train": float(rng.gamma(30, 0.8)),
             "t_sync": float(rng.gamma(10, 0.3)) if t % delay == 0 else 0.0,
         }
         samples = []

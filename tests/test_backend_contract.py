@@ -12,7 +12,7 @@ from bapo_vl.backends.base import UPDATE_METRICS, Backend, Response, UpdateBatch
 from bapo_vl.backends.embedded import EmbeddedBackend
 from bapo_vl.config import load_config
 from bapo_vl.plugins import get_task
-from bapo_vl.record import read_run
+from bapo_vl.reader import read_run
 from bapo_vl.train import train
 
 # the stand-ins for verl's rollout manager, FSDP actor and checkpoint engine, and the tiny saved Qwen2 they run

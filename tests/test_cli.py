@@ -19,8 +19,9 @@ def test_train_runs_each_algorithm_on_the_default_preset(tmp_path, capsys, algo)
     assert run["meta"]["status"] == "finished"
     step = run["steps"][0]
     for key in ("x1", "x2", "x3", "batch_size", "bins", "bad_size", "high_size", "c2", "c3", "r_tot", "rollouts",
-                "fresh_reward", "t_generate", "t_score", "t_train", "t_sync"):
+                "fresh_reward", "t_generate", "t_verify", "t_train", "t_sync"):
         assert key in step, key
+    assert "t_score" not in step  # the verifier's seconds are t_verify
     assert sum(step["bins"]) * 4 == step["rollouts_fresh"]  # every fresh group lands in one bin
     if algo == "grpo":
         assert all(s["x2"] == 0 and s["x3"] == 0 for s in run["steps"])

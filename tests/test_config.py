@@ -8,7 +8,7 @@ import yaml
 
 from bapo_vl.algorithm import ONLINE_FILTERS, PROMOTE_RULES, register_filter, register_promote
 from bapo_vl.cli import main
-from bapo_vl.config import FIELDS, PRESET_DIR, Config, field_default, field_docs, load_config
+from bapo_vl.config import FIELDS, PRESET_DIR, Config, field_default, field_docs, load_config, read_config_file
 
 PRESETS = sorted(PRESET_DIR.glob("*.yaml"))
 
@@ -23,8 +23,8 @@ def coerced(key, value):
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
 def test_presets_state_only_what_differs_from_config(path):
-    data = yaml.safe_load(path.read_text())
-    fields = data.get("bapo") or {} if path.stem.startswith("verl_") else data  # verl_*: their bapo: section
+    fields = read_config_file(path)
+    fields.pop("preset", None)  # the preset it builds on (verl_*)
     restated = [key for key, value in fields.items() if coerced(key, value) == field_default(FIELDS[key])]
     assert not restated, f"{path.name} restates Config's defaults: {restated}"
 
@@ -56,11 +56,18 @@ def test_presets_load_to_the_same_effective_config(preset):
 
 @pytest.mark.parametrize("task", ["countdown", "math", "geometry3k"])
 def test_verl_presets_are_their_preset_with_save_every_10(task):
+    cfg = load_config(f"verl_{task}")  # `bapo train --preset verl_<task>`
+    assert {key: getattr(cfg, key) for key in EFFECTIVE[task]} == {**EFFECTIVE[task], "save_every": 10}
+    assert cfg.backend == "verl" and cfg.verl["actor_rollout_ref.rollout.name"] == "vllm"
     pytest.importorskip("verl")
     from bapo_vl.backends.verl_main import load_configs
 
-    cfg, _ = load_configs(str(PRESET_DIR / f"verl_{task}.yaml"), [])
-    assert {key: getattr(cfg, key) for key in EFFECTIVE[task]} == {**EFFECTIVE[task], "save_every": 10}
+    assert load_configs(str(PRESET_DIR / f"verl_{task}.yaml"), [])[0] == cfg  # the older entry point: the same
+
+
+@pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.stem)
+def test_every_preset_loads(path):
+    assert isinstance(load_config(path.stem), Config)
 
 
 # --- names checked against the registries ------------------------------------------------------------------

@@ -303,7 +303,7 @@ def _log_extra_step(run_dir, step, x1=3):
     try:
         record.log_step(step, {"x1": x1, "x2": 1, "x3": 0, "batch_size": 8, "bad_size": 2, "high_size": 1,
                                "c2": 0.2, "c3": 0.3, "rollouts": 16, "fresh_reward": 0.5, "reward": 0.5,
-                               "t_generate": 1.0, "t_score": 0.1, "t_train": 0.5, "t_sync": 0.0},
+                               "t_generate": 1.0, "t_verify": 0.1, "t_train": 0.5, "t_sync": 0.0},
                         groups=[("live-new", 0, G, FILTERED), ("live-solved", 2, G, X1)])
     finally:
         record.close()

@@ -9,7 +9,8 @@ import pytest
 from bapo_vl.cli import main
 from bapo_vl.models import POLICY_DIR
 from bapo_vl.evaluate import fit_lengths, pass_at_k
-from bapo_vl.record import query_ro, read_meta, read_run
+from bapo_vl.reader import read_run
+from bapo_vl.record import query_ro, read_meta
 
 VERDICTS = ("correct", "wrong", "unparsable", "timeout")
 

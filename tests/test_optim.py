@@ -9,7 +9,7 @@ from bapo_vl.backends.base import UpdateBatch
 from bapo_vl.backends.embedded import EmbeddedBackend
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.plugins import get_task
-from bapo_vl.record import read_run
+from bapo_vl.reader import read_run
 from bapo_vl.train import train
 from test_backend_contract import G, make_cfg
 from test_verl import model_dir  # noqa: F401 (a fixture)

@@ -13,7 +13,7 @@ from bapo_vl.cli import main
 from bapo_vl.config import load_config
 from bapo_vl.plugins import BUNDLED, PluginError, discover, get_task, load_folder
 from bapo_vl.problem import Verdict
-from bapo_vl.record import read_run
+from bapo_vl.reader import read_run
 from bapo_vl.tiny import build_qwen2
 from bapo_vl.train import train
 

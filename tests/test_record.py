@@ -330,9 +330,22 @@ def test_verifier_version_history_across_resumes(tmp_path):
     assert json.loads(read_run(tmp_path / "r")["meta"]["verifier_versions"]) == [["math-1.0", 1], ["math-1.2", 16]]
 
 
-# ----------------------------------------------------------------------------- version 1 records
+# ----------------------------------------------------------------------------- version 1 and 2 records
 
 V1_NAMES = {X1: "fresh", NOT_PROMOTED: "reeval"}  # what version 1 called them; the other subsets kept their names
+# the steps table's own columns as version 2 wrote them (version 1: the same but pg_loss and grad_norm), written out
+# here rather than derived from today's schema; the other tables have not changed since version 1
+V2_STEP_COLUMNS = ("x1 INTEGER", "x2 INTEGER", "x3 INTEGER", "batch_size INTEGER", "bad_size INTEGER",
+                   "high_size INTEGER", "c2 REAL", "c3 REAL", "r_tot REAL", "rollouts INTEGER", "fresh_reward REAL",
+                   "reward REAL", "loss REAL", "pg_loss REAL", "kl REAL", "entropy REAL", "clip_frac REAL",
+                   "grad_norm REAL", "t_generate REAL", "t_score REAL", "t_train REAL", "t_sync REAL")
+
+
+def _old_tables(conn, version):
+    columns = [c for c in V2_STEP_COLUMNS if version > 1 or c.split()[0] not in ("pg_loss", "grad_norm")]
+    conn.execute(f"CREATE TABLE steps (step INTEGER PRIMARY KEY, time REAL, metrics TEXT, bins TEXT, "
+                 f"{', '.join(columns)})")
+    conn.executescript(R.SCHEMA)  # every other table (steps exists already: IF NOT EXISTS leaves it)
 
 
 def _v1_record(run_dir):
@@ -341,18 +354,17 @@ def _v1_record(run_dir):
     run_dir.mkdir(parents=True)
     conn = sqlite3.connect(run_dir / R.DB_NAME)
     conn.execute("PRAGMA journal_mode=WAL")
-    conn.executescript(R.SCHEMA)  # version 1 had the same tables, but for two columns; and other subset names
-    for col in R.V1_NEW_COLUMNS:
-        conn.execute(f"ALTER TABLE steps DROP COLUMN {col}")
+    _old_tables(conn, 1)
     conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "1"), ("name", "old"),
                                                        ("status", "finished"), ("created_at", "2025-01-01T00:00:00")])
     conn.execute("INSERT INTO config VALUES (?)", (json.dumps(CONFIG),))
     for step, groups in HISTORY.items():
         metrics = {"x2": int(step == 4), "rollouts": 16, "rollouts_fresh": 8, "rollouts_reeval": 8,
                    "reeval_reward": 1 / 3, "fresh_reward": 0.1 * step, "per_len": [1, 2], "pg_loss": 0.5 * step,
-                   "grad_norm": 2.0}
-        conn.execute("INSERT INTO steps (step, time, metrics, bins, x2, rollouts, fresh_reward) VALUES (?, ?, ?, ?, "
-                     "?, ?, ?)", (step, float(step), json.dumps(metrics), "null", metrics["x2"], 16, 0.1 * step))
+                   "grad_norm": 2.0, "t_score": 0.25}
+        conn.execute("INSERT INTO steps (step, time, metrics, bins, x2, rollouts, fresh_reward, t_score) "
+                     "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                     (step, float(step), json.dumps(metrics), "null", metrics["x2"], 16, 0.1 * step, 0.25))
         conn.executemany("INSERT INTO prompt_steps VALUES (?, ?, ?, ?, ?)",
                          [(step, u, c, g, V1_NAMES.get(s, s)) for u, c, g, s in groups])
     # u3 was kept and u2 filtered at step 1, both sampled as `fresh`; u9 has a sample but no group row
@@ -381,7 +393,7 @@ def test_readers_refuse_a_v1_record_and_say_how_to_upgrade(tmp_path, capsys):
 def test_upgrade_rewrites_a_v1_record_in_place(tmp_path, capsys):
     run_dir = _v1_record(tmp_path / "runs" / "old")
     assert cmd_runs_upgrade("old", root=str(tmp_path / "runs")) == 0
-    assert "from schema version 1 to 2" in capsys.readouterr().out
+    assert f"from schema version 1 to {R.SCHEMA_VERSION}" in capsys.readouterr().out
     new = Run(_record_history(tmp_path / "new"))  # the same history written with today's names
     rows = lambda d: sorted(tuple(r) for r in query_ro(d, "SELECT step, uid, correct, G, subset FROM prompt_steps"))
     assert rows(run_dir) == rows(tmp_path / "new")
@@ -392,7 +404,9 @@ def test_upgrade_rewrites_a_v1_record_in_place(tmp_path, capsys):
         assert "rollouts_reeval" not in s and "reeval_reward" not in s
         assert s["rollouts_reevaluated"] == 8 and s["reevaluated_reward"] == 1 / 3  # exactly: no float rounding
         assert s["rollouts_fresh"] == 8 and s["per_len"] == [1, 2]  # the rest untouched
+        assert "t_score" not in s and s["t_verify"] == 0.25  # and on through version 2
     assert run.steps()["rollouts_reevaluated"].tolist() == [8] * 5
+    assert [r[0] for r in query_ro(run_dir, "SELECT t_verify FROM steps")] == [0.25] * 5
     assert run.steps()["pg_loss"].tolist() == [0.5 * t for t in HISTORY]  # v1 kept it in the JSON only
     assert run.steps()["grad_norm"].tolist() == [2.0] * 5
     meta = run.meta()
@@ -430,6 +444,127 @@ def test_the_writer_upgrades_a_v1_record_it_opens(tmp_path):
     run = Run(run_dir)
     assert [s["step"] for s in run.step_records()] == [1, 2, 3, 4, 5, 6]
     assert Run(run_dir).ledger().set_index("uid").loc["u1", "first_solved"] == 6
+
+
+def _v2_timings(step):
+    """A version 2 step's seconds: the verifier's as t_score; generate's split logged in the metrics JSON only, and
+    at step 5 without t_generate_logprobs (as verl logged it)."""
+    t = {"t_generate": 1.5 * step, "t_generate_sample": 1.0 * step, "t_score": 0.125 * step, "t_train": 2.0,
+         "t_sync": 0.5 if step % 2 else 0.0}
+    if step != 5:
+        t["t_generate_logprobs"] = 0.25 * step
+    return t
+
+
+def _v2_record(run_dir):
+    """A version 2 record written by hand with version 2's steps table: HISTORY, and _v2_timings per step."""
+    run_dir.mkdir(parents=True)
+    conn = sqlite3.connect(run_dir / R.DB_NAME)
+    conn.execute("PRAGMA journal_mode=WAL")
+    _old_tables(conn, 2)
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "2"), ("name", "two"),
+                                                       ("status", "finished"), ("created_at", "2025-06-01T00:00:00")])
+    conn.execute("INSERT INTO config VALUES (?)", (json.dumps(CONFIG),))
+    cols = ("x2", "x3", "rollouts", "fresh_reward", "t_generate", "t_score", "t_train", "t_sync")
+    for step, groups in HISTORY.items():
+        metrics = {"x2": int(step == 4), "x3": 1, "rollouts": 16, "fresh_reward": 0.1 * step, **_v2_timings(step)}
+        conn.execute(f"INSERT INTO steps (step, time, metrics, bins, {', '.join(cols)}) VALUES "
+                     f"({', '.join('?' * (4 + len(cols)))})",
+                     (step, 100.0 + step, json.dumps(metrics), "null", *(metrics[c] for c in cols)))
+        conn.executemany("INSERT INTO prompt_steps VALUES (?, ?, ?, ?, ?)", [(step, *g) for g in groups])
+    conn.commit()
+    conn.close()
+    return run_dir
+
+
+def _check_v2_steps(steps):
+    """A v2 record's steps (read_run's) under today's names, with the values it recorded."""
+    assert [s["step"] for s in steps] == list(HISTORY)
+    for s in steps:
+        t = _v2_timings(s["step"])
+        assert "t_score" not in s and s["t_verify"] == t["t_score"]
+        assert {k: s.get(k) for k in ("t_generate", "t_generate_sample", "t_generate_logprobs", "t_train", "t_sync")} \
+            == {k: t.get(k) for k in ("t_generate", "t_generate_sample", "t_generate_logprobs", "t_train", "t_sync")}
+
+
+def test_readers_read_a_v2_record_as_it_is_and_write_nothing(tmp_path, capsys):
+    # Could fail if the readers refused a v2 record (one on a read-only disk could then not be read at all), showed
+    # its verifier time under the old name, or wrote to the record while reading it.
+    from bapo_vl.app import views
+
+    run_dir = _v2_record(tmp_path / "runs" / "two")
+    before = (run_dir / R.DB_NAME).read_bytes()
+    steps = read_run(run_dir)["steps"]
+    _check_v2_steps(steps)
+    run = Run(run_dir)
+    assert run.steps()["t_verify"].tolist() == [_v2_timings(t)["t_score"] for t in HISTORY]
+    assert "t_score" not in run.metrics() and run.metrics()["t_verify"].tolist() == run.steps()["t_verify"].tolist()
+    assert run.ledger().equals(Run(_record_history(tmp_path / "new")).ledger())
+    # the dashboard's wall time per step stacks the verifier's seconds under its label
+    bars = views.time_spec(run.steps())["layer"][0]["data"]["values"]
+    assert [b["value"] for b in bars if b["series"] == views.PHASES["t_verify"]] == \
+        [_v2_timings(t)["t_score"] for t in HISTORY]
+    seconds = sum(_v2_timings(t)[k] for t in HISTORY for k in ("t_generate", "t_score", "t_train", "t_sync"))
+    assert f"wall time recorded: {seconds / 60:.1f} min" in views.overview_text("two", run.meta(), run.config(),
+                                                                                run.steps(), run.evals())
+    assert cmd_runs_show(str(run_dir), as_json=True) == 0
+    assert json.loads(capsys.readouterr().out)["steps"] == steps
+    assert cmd_runs_show(str(run_dir)) == 0
+    assert "verify s" in capsys.readouterr().out
+    assert cmd_runs_list(str(tmp_path / "runs")) == 0
+    out = capsys.readouterr().out
+    assert "two" in out and "upgrade" not in out
+    assert (run_dir / R.DB_NAME).read_bytes() == before and not R.wal_files(run_dir)[0].exists()
+    assert R.read_meta(run_dir)["schema_version"] == "2"
+
+
+def test_upgrade_rewrites_a_v2_record_in_place(tmp_path, capsys):
+    run_dir = _v2_record(tmp_path / "runs" / "two")
+    as_it_was = read_run(run_dir)["steps"]
+    assert cmd_runs_upgrade("two", root=str(tmp_path / "runs")) == 0
+    assert f"from schema version 2 to {R.SCHEMA_VERSION}" in capsys.readouterr().out
+    columns = [r[1] for r in sqlite3.connect(run_dir / R.DB_NAME).execute("PRAGMA table_info(steps)")]
+    assert "t_score" not in columns and {"t_verify", "t_generate_sample", "t_generate_logprobs"} <= set(columns)
+    # the columns carry what the JSON does (generate's split was in the JSON only), NULL where nothing was logged
+    rows = [tuple(r) for r in query_ro(run_dir, "SELECT step, t_generate, t_generate_sample, t_generate_logprobs, "
+                                                "t_verify, t_train, t_sync FROM steps ORDER BY step")]
+    assert rows == [(t, *(_v2_timings(t).get(k) for k in ("t_generate", "t_generate_sample", "t_generate_logprobs",
+                                                          "t_score", "t_train", "t_sync"))) for t in HISTORY]
+    assert query_ro(run_dir, "SELECT COUNT(*) FROM steps WHERE metrics LIKE '%t_score%'")[0][0] == 0
+    steps = read_run(run_dir)["steps"]
+    _check_v2_steps(steps)
+    assert steps == as_it_was  # the upgrade changes names, never what the readers show
+    assert R.read_meta(run_dir)["schema_version"] == str(R.SCHEMA_VERSION)
+    # the writer appends to it as to any record of this version
+    rec = RunRecord.open(run_dir)
+    rec.log_step(6, {"t_verify": 0.5, "t_generate_sample": 1.0}, groups=[("u1", 2, 4, X1)])
+    rec.close()
+    assert tuple(query_ro(run_dir, "SELECT t_verify, t_generate_sample FROM steps WHERE step = 6")[0]) == (0.5, 1.0)
+    assert not R.upgrade(run_dir)
+
+
+def test_the_writer_upgrades_a_v2_record_it_opens(tmp_path):
+    run_dir = _v2_record(tmp_path / "two")
+    RunRecord.open(run_dir, resume=False).close()  # e.g. `bapo eval --run`
+    assert R.read_meta(run_dir)["schema_version"] == str(R.SCHEMA_VERSION)
+    _check_v2_steps(read_run(run_dir)["steps"])
+
+
+def test_upgrade_waits_for_a_trainer_writing_the_record(tmp_path, capsys):
+    # Could fail if `bapo runs upgrade` renamed the columns under an older bapo-vl's trainer, whose next step would
+    # then fail to write.
+    run_dir = _v2_record(tmp_path / "runs" / "two")
+    held = R.lock_run_dir(run_dir)
+    try:
+        with pytest.raises(R.RunLockedError, match="being written by a trainer"):
+            cmd_runs_upgrade(str(run_dir))
+        assert main(["runs", "upgrade", str(run_dir)]) == 2
+        assert "being written by a trainer" in capsys.readouterr().err
+        assert R.read_meta(run_dir)["schema_version"] == "2"
+    finally:
+        held.close()
+    assert cmd_runs_upgrade(str(run_dir)) == 0
+    assert R.read_meta(run_dir)["schema_version"] == str(R.SCHEMA_VERSION)
 
 
 def test_a_newer_record_is_refused(tmp_path):

@@ -18,7 +18,8 @@ from bapo_vl.backends.embedded import EmbeddedBackend
 from bapo_vl.config import load_config
 from bapo_vl.plugins import get_task
 from bapo_vl.problem import Problem, Verdict
-from bapo_vl.record import read_run
+from bapo_vl.reader import read_run
+from bapo_vl.record import query_ro
 from bapo_vl.tiny import build_qwen2
 from bapo_vl.train import train
 from bapo_vl.trainer import Trainer
@@ -193,6 +194,11 @@ def test_each_step_records_where_the_generate_time_went(recorded_run):
         sample, logprobs = s["t_generate_sample"], s["t_generate_logprobs"]
         assert sample > 0 and logprobs > 0
         assert sample + logprobs <= s["t_generate"] + 1e-6
+        assert s["t_verify"] > 0 and "t_score" not in s  # the verifier's seconds, under the name that says so
+    # the split has its own columns, as the other phases do
+    columns = query_ro(recorded_run, "SELECT t_generate_sample, t_generate_logprobs, t_verify FROM steps ORDER BY step")
+    assert [tuple(r) for r in columns] == [(s["t_generate_sample"], s["t_generate_logprobs"], s["t_verify"])
+                                           for s in steps]
 
 
 # --- 2. re-evaluation schedule ---------------------------------------------------------------------------------

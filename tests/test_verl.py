@@ -213,7 +213,7 @@ class StandInRollout:
 @functools.cache
 def _verl_base_config():
     """verl's ppo_trainer config with the `verl:` part of our verl_countdown preset (how verl runs: strategy,
-    micro-batch size, engine), composed by Hydra as verl_main.load_configs does."""
+    micro-batch size, engine), composed by Hydra as verl_launch.compose does."""
     import yaml
     from hydra import compose, initialize_config_dir
 
@@ -225,10 +225,10 @@ def _verl_base_config():
 
 
 def verl_config(cfg):
-    """verl's config for our Config `cfg`, as verl_main.load_configs writes it: every derived setting in place."""
+    """verl's config for our Config `cfg`, as verl_launch.compose writes it: every derived setting in place."""
     from omegaconf import OmegaConf
 
-    from bapo_vl.backends.verl_main import derived_settings
+    from bapo_vl.verl_launch import derived_settings
 
     vcfg = copy.deepcopy(_verl_base_config())
     OmegaConf.set_struct(vcfg, False)
@@ -238,7 +238,7 @@ def verl_config(cfg):
 
 
 class StandInActor:
-    """verl's actor side as VerlBackend calls it (verl_main.RayTrainerActor: RayPPOTrainer._update_actor over the
+    """verl's actor side as VerlBackend calls it (verl_backend.RayTrainerActor: RayPPOTrainer._update_actor over the
     engine worker's update_actor), on CPU, configured by verl's own ActorConfig composed from our Config:
 
       update_actor  per mini-batch of ppo_mini_batch_size * rollout.n sequences (one micro-batch each, ppo_epochs
@@ -576,7 +576,8 @@ def test_derived_settings_write_entropy_log_probs_clip_and_lr_into_verls_config(
     the entropy of pi_theta (the record's entropy column, even with entropy_coef == 0), our clip range and lr."""
     from verl.utils.config import omega_conf_to_dataclass
 
-    from bapo_vl.backends.verl_main import derived_settings, load_configs
+    from bapo_vl.backends.verl_main import load_configs
+    from bapo_vl.verl_launch import derived_settings
 
     preset = str(ROOT / "bapo_vl" / "presets" / "verl_countdown.yaml")
     cfg, vcfg = load_configs(preset, ["bapo.clip_low=0.15", "bapo.clip_high=0.3", "bapo.lr=2e-6",
@@ -606,7 +607,7 @@ def test_grad_clip_reaches_the_clip_verls_engine_uses():
 
 
 def test_ray_trainer_actor_forwards_to_verls_trainer_and_worker_group(model_dir):
-    """verl_main.RayTrainerActor (the `actor` VerlBackend gets on GPUs) hands each call to RayPPOTrainer's helper or
+    """verl_backend.RayTrainerActor (the `actor` VerlBackend gets on GPUs) hands each call to RayPPOTrainer's helper or
     the DetachActorWorker group, with arguments that bind to verl's real signatures."""
     import inspect
     from types import SimpleNamespace
@@ -614,7 +615,7 @@ def test_ray_trainer_actor_forwards_to_verls_trainer_and_worker_group(model_dir)
     from verl.experimental.separation.engine_workers import DetachActorWorker
     from verl.trainer.ppo.ray_trainer import RayPPOTrainer
 
-    from bapo_vl.backends.verl_main import RayTrainerActor
+    from bapo_vl.backends.verl_backend import RayTrainerActor
 
     calls = []
 
@@ -716,7 +717,7 @@ def test_update_metrics_reach_the_run_record(model_dir, tmp_path, monkeypatch):
     """bapo_vl.train.train over VerlBackend: every step that trained a group has the record's update metrics
     (base.UPDATE_METRICS) as finite numbers, each the value verl's actor reported under its own name."""
     from bapo_vl import train as train_module
-    from bapo_vl.record import read_run
+    from bapo_vl.reader import read_run
 
     cfg = make_cfg(model_dir, steps=3, run_dir=tmp_path, name="verl-run")
     task = ScheduledTask()
@@ -767,7 +768,8 @@ def test_presets_compose_with_verls_real_config(task):
     from verl.utils.config import omega_conf_to_dataclass
     from verl.workers.config import ActorConfig
 
-    from bapo_vl.backends.verl_main import derived_settings, load_configs
+    from bapo_vl.backends.verl_main import load_configs
+    from bapo_vl.verl_launch import derived_settings
 
     cfg, vcfg = load_configs(str(ROOT / "bapo_vl" / "presets" / f"verl_{task}.yaml"),
                              ["bapo.delay=3", "bapo.loss=balanced_clip", "bapo.lr=3e-6", "verl.trainer.nnodes=2"])
@@ -792,11 +794,59 @@ def test_presets_compose_with_verls_real_config(task):
     assert isinstance(actor, ActorConfig) and actor.clip_ratio_low == cfg.clip_low and actor.loss_agg_mode == cfg.loss_agg
 
 
+@pytest.mark.parametrize("task", ["tiny", "countdown", "math", "geometry3k"])
+def test_bapo_train_backend_verl_composes_what_verl_main_composes(task):
+    """`bapo train --preset verl_<task> KEY=V verl.K=V` and `bapo train backend=verl --config verl_<task>.yaml ...`
+    load the Config that `python -m bapo_vl.backends.verl_main --config verl_<task>.yaml bapo.KEY=V verl.K=V` loads,
+    and compose the same verl config: verl's own Hydra composition of the preset's verl: keys with the command
+    line's (as verl_main passed them before the launcher moved: the text of each value), every derived setting in."""
+    import yaml
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    import verl
+    from bapo_vl.backends.verl_main import load_configs
+    from bapo_vl.verl_launch import compose as compose_verl, derived_settings
+
+    path = ROOT / "bapo_vl" / "presets" / f"verl_{task}.yaml"
+    front = load_config(f"verl_{task}", overrides=["delay=3", "lr=3e-6", "verl.trainer.nnodes=2"])
+    by_file = load_config(file=str(path), overrides=["backend=verl", "delay=3", "lr=3e-6", "verl.trainer.nnodes=2"])
+    old_cfg, old_vcfg = load_configs(str(path), ["bapo.delay=3", "bapo.lr=3e-6", "verl.trainer.nnodes=2"])
+    assert front == by_file == old_cfg and (front.backend, front.delay, front.lr) == ("verl", 3, 3e-6)
+    keys = {**{k: str(v) for k, v in yaml.safe_load(path.read_text())["verl"].items()}, "trainer.nnodes": "2"}
+    with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
+        expected = compose(config_name="ppo_trainer", overrides=[f"{k}={v}" for k, v in keys.items()])
+    OmegaConf.set_struct(expected, False)
+    for key, (_, value) in derived_settings(front).items():
+        OmegaConf.update(expected, key, value, merge=False)
+    got = OmegaConf.to_container(compose_verl(front))
+    assert got == OmegaConf.to_container(old_vcfg) == OmegaConf.to_container(expected)
+    assert got["trainer"]["nnodes"] == 2 and got["actor_rollout_ref"]["actor"]["optim"]["lr"] == 3e-6
+
+
+def test_bapo_train_backend_verl_reaches_the_verl_launcher(capsys, monkeypatch):
+    """`bapo train` hands a verl config to bapo_vl.verl_launch.launch: verl's config is composed (a verl key our
+    config decides is refused there, one line), and a whole config goes on to where verl's workers need GPUs."""
+    from bapo_vl.cli import main
+
+    assert main(["train", "--preset", "verl_math", "verl.actor_rollout_ref.actor.optim.lr=1e-5"]) == 2
+    assert capsys.readouterr().err == ("bapo: verl.actor_rollout_ref.actor.optim.lr is set from our config: use lr= "
+                                       "instead\n")
+    assert main(["train", "backend=verl", "verl.critic.enable=true"]) == 2
+    assert "bapo: verl.critic.enable is set from our config: use critic= instead (BA-PPO is embedded-only)" in \
+        capsys.readouterr().err
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is here: the launcher would start the run")
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    assert main(["train", "--preset", "verl_tiny", "steps=1"]) == 2
+    assert capsys.readouterr().err.startswith("bapo: backend=verl: verl's workers run on CUDA GPUs and torch sees none")
+
+
 def test_verl_overrides_of_our_settings_are_refused():
     from bapo_vl.backends.verl_main import load_configs
 
     preset = str(ROOT / "bapo_vl" / "presets" / "verl_math.yaml")
-    with pytest.raises(ValueError, match=r"use bapo\.lr instead"):
+    with pytest.raises(ValueError, match=r"use lr= instead"):
         load_configs(preset, ["verl.actor_rollout_ref.actor.optim.lr=1e-5"])
     with pytest.raises(ValueError, match="fixed by BAPO"):
         load_configs(preset, ["verl.actor_rollout_ref.rollout.calculate_log_probs=false"])
@@ -808,7 +858,7 @@ def test_embedded_only_settings_are_refused_on_verl_with_what_to_use(field):
     from bapo_vl.backends.verl_main import load_configs
 
     preset = str(ROOT / "bapo_vl" / "presets" / "verl_math.yaml")
-    with pytest.raises(ValueError, match=rf"bapo\.{field.partition('=')[0]}: the verl backend does not use it; .*verl"):
+    with pytest.raises(ValueError, match=rf"^{field.partition('=')[0]}=.*: the verl backend does not use it; .*verl"):
         load_configs(preset, [f"bapo.{field}"])
 
 
@@ -1062,15 +1112,31 @@ def test_ba_ppo_is_refused_on_verl(model_dir):
 
 def test_resume_takes_the_runs_recorded_config_not_the_presets(tmp_path):
     """`verl_main --config P bapo.resume=DIR`: model, task and batch come from DIR's record (on a GPU, the preset's
-    hub id was loaded instead of the run's local model and the resume died offline); allowed changes still apply."""
+    hub id was loaded instead of the run's local model and the resume died offline); allowed changes still apply,
+    and P's verl: keys say how verl runs it, as they did before verl: keys were recorded with the run."""
+    import json
+    import sqlite3
+
     from bapo_vl.backends.verl_main import load_configs
-    from bapo_vl.config import load_config
+    from bapo_vl.config import load_config, resume_config
     from bapo_vl.train import train
 
     run = train(load_config(overrides=["steps=1", "batch_size=4", "max_response_length=8", f"run_dir={tmp_path}",
                                        "name=r", "lr=3e-4"]), quiet=True)
-    preset = str(ROOT / "bapo_vl" / "presets" / "verl_geometry3k.yaml")  # a different task and hub model
-    cfg, vcfg = load_configs(preset, [f"bapo.resume={run}", "bapo.steps=3"])
+    # the record as a verl run wrote it before Config had `backend` and `verl` (no GPU here to write a verl run)
+    with sqlite3.connect(run / "run.db") as conn:
+        config = {k: v for k, v in json.loads(conn.execute("SELECT json FROM config").fetchone()[0]).items()
+                  if k not in ("backend", "verl")}
+        conn.execute("UPDATE config SET json = ?", (json.dumps(config),))
+        conn.execute("UPDATE meta SET value = 'verl' WHERE key = 'backend'")
+    conn.close()
+    preset = ROOT / "bapo_vl" / "presets" / "verl_geometry3k.yaml"  # a different task and hub model
+    cfg, vcfg = load_configs(str(preset), [f"bapo.resume={run}", "bapo.steps=3", "verl.trainer.nnodes=2"])
     assert (cfg.task, cfg.batch_size, cfg.lr, cfg.steps, cfg.resume) == ("countdown", 4, 3e-4, 3, str(run))
+    assert cfg.backend == "verl" and cfg.verl == {**load_config("verl_geometry3k").verl, "trainer.nnodes": "2"}
     assert vcfg.actor_rollout_ref.model.path == load_configs(str(ROOT / "bapo_vl" / "presets" / "verl_tiny.yaml"),
                                                              [])[1].actor_rollout_ref.model.path
+    assert vcfg.trainer.nnodes == 2 and vcfg.data.image_key == "images"  # the command line's, then the preset's
+    # `bapo train resume=DIR`: the recorded config alone (this older record has no verl: keys)
+    resumed = resume_config(run, ["steps=3", "verl.trainer.nnodes=2"])
+    assert (resumed.backend, resumed.verl, resumed.task) == ("verl", {"trainer.nnodes": "2"}, "countdown")

@@ -6,7 +6,7 @@ from transformers import AutoModelForImageTextToText, AutoProcessor
 
 from bapo_vl.config import load_config
 from bapo_vl.plugins import get_task
-from bapo_vl.record import read_run
+from bapo_vl.reader import read_run
 from bapo_vl.tiny import build_qwen2_5_vl
 from bapo_vl.train import train
 

@@ -120,7 +120,8 @@ class Backend(Protocol):
 
     name: str
     # seconds spent inside generate since the trainer last cleared it (once a step), by part: "sample" (the rollout
-    # engine, X2's weight swaps included) and "logprobs" (the embedded backend's own scoring of the behaviour log-probs)
+    # engine, X2's weight swaps included) and "logprobs" (the embedded backend's own scoring of the behaviour log-probs);
+    # the record's t_generate_sample and t_generate_logprobs
     timings: Counter
 
     def encode(self, problem: Problem) -> Any:

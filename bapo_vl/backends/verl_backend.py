@@ -160,7 +160,7 @@ class VerlBackend:
     AgentLoopManager); `actor`: update_actor(DataProto) -> DataProto and, for X2 with delay>1,
     save_model_to_cpu / restore_model_from_cpu / clear_cpu_model (verl's DetachActorWorker), compute_ref_log_prob and
     compute_log_prob when KL / truncated IS are on; `checkpoint_manager`: update_weights(global_steps) (verl's
-    CheckpointEngineManager). Tests pass stand-ins; `verl_main.build_verl_workers` builds the real ones."""
+    CheckpointEngineManager). Tests pass stand-ins; `build_verl_workers` below builds the real ones."""
     name = "verl"
 
 
@@ -411,3 +411,84 @@ class VerlBackend:
                                                    hf_model_config_path=f"{path}/actor/huggingface"))
         merger.merge_and_save()
         merger.cleanup()
+
+
+def build_verl_workers(vcfg):
+    """The real workers, from inside the Ray task runner: returns (RayPPOTrainer, kwargs for VerlBackend).
+    The actor-rollout worker is bapo_vl.backends.verl_workers.ActorWorker (verl's DetachActorWorker); called by
+    bapo_vl.verl_launch.run."""
+    from verl.trainer.main_ppo_v0 import TaskRunner
+    from verl.trainer.ppo.ray_trainer import RayPPOTrainer
+    from verl.trainer.ppo.utils import Role
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from bapo_vl.backends.verl_workers import ActorWorker
+
+    runner = TaskRunner.__ray_actor_class__()  # its helpers, run in this process
+    _, group_cls = runner.add_actor_rollout_worker(vcfg)
+    import ray
+    for role in list(runner.role_worker_mapping):
+        if role in (Role.ActorRollout, Role.ActorRolloutRef):
+            runner.role_worker_mapping[role] = ray.remote(ActorWorker)
+    runner.add_ref_policy_worker(vcfg, runner.role_worker_mapping.get(Role.ActorRollout))
+    model_config = omega_conf_to_dataclass(vcfg.actor_rollout_ref.model)
+    # verl's own dataloaders are never iterated (our PromptSampler feeds the Trainer): placeholders of the right
+    # length stand in for data.train_files / val_files
+    placeholder = [{}] * vcfg.data.train_batch_size
+    trainer = RayPPOTrainer(config=vcfg, tokenizer=model_config.tokenizer, processor=model_config.processor,
+                            role_worker_mapping=runner.role_worker_mapping,
+                            resource_pool_manager=runner.init_resource_pool_mgr(vcfg), ray_worker_group_cls=group_cls,
+                            train_dataset=placeholder, val_dataset=placeholder[:1])
+    trainer.init_workers()
+    trainer.checkpoint_manager.update_weights(0)  # engine <- initial actor weights (as fit() does first)
+    rollout = vcfg.actor_rollout_ref.rollout
+    n_gpus = vcfg.trainer.n_gpus_per_node * vcfg.trainer.nnodes
+    return trainer, dict(
+        rollout_manager=trainer.async_rollout_manager, actor=RayTrainerActor(trainer),
+        checkpoint_manager=trainer.checkpoint_manager, tokenizer=model_config.tokenizer,
+        processor=model_config.processor, divisor=rollout.agent.num_workers, dp_size=n_gpus,
+        micro_batch_size_per_gpu=vcfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or 1,
+        rollout_name=rollout.name, free_cache_engine=rollout.free_cache_engine)
+
+
+class RayTrainerActor:
+    """The actor side as VerlBackend calls it: RayPPOTrainer's DataProto<->TensorDict helpers plus the worker group."""
+
+    def __init__(self, trainer):
+        self.trainer, self.wg = trainer, trainer.actor_rollout_wg
+
+    def update_actor(self, batch):
+        """RayPPOTrainer._update_actor, with the mini-batch cut to the batch when the batch is smaller than one
+        (VerlBackend's trimming keeps such a batch as one smaller optimizer step; verl asserts whole mini-batches)."""
+        from omegaconf import open_dict
+
+        actor = self.trainer.config.actor_rollout_ref.actor
+        configured, groups = actor.ppo_mini_batch_size, len(batch) // self.trainer.config.actor_rollout_ref.rollout.n
+        with open_dict(actor):
+            actor.ppo_mini_batch_size = min(configured, groups)
+        try:
+            return self.trainer._update_actor(batch)
+        finally:
+            with open_dict(actor):
+                actor.ppo_mini_batch_size = configured
+
+    def compute_log_prob(self, batch):
+        return self.trainer._compute_old_log_prob(batch)[0]
+
+    def compute_ref_log_prob(self, batch):
+        return self.trainer._compute_ref_log_prob(batch)
+
+    def save_model_to_cpu(self, n):
+        self.wg.save_model_to_cpu(n)
+
+    def restore_model_from_cpu(self, n):
+        self.wg.restore_model_from_cpu(n)
+
+    def clear_cpu_model(self, n):
+        self.wg.clear_cpu_model(n)
+
+    def save_checkpoint(self, local_path, global_step=0):
+        self.wg.save_checkpoint(local_path, None, global_step, None)
+
+    def load_checkpoint(self, local_path):
+        self.wg.load_checkpoint(local_path, None, False)

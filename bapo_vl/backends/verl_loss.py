@@ -51,7 +51,7 @@ class BalancedClipLossConfig(PolicyLossConfig):
 
 def actor_settings(cfg) -> dict[str, tuple[str, object]]:
     """verl config keys under actor_rollout_ref.actor that our Config decides: {key: (our field, value)}.
-    verl_main refuses `verl.` overrides of them, so each setting has one place."""
+    verl_launch.compose refuses `verl.` overrides of them, so each setting has one place."""
     if cfg.loss not in VERL_LOSS_MODE:
         raise ValueError(f"loss={cfg.loss!r} has no verl counterpart; on verl use one of {', '.join(VERL_LOSS_MODE)}")
     if cfg.lr_schedule not in VERL_LR_SCHEDULES:

@@ -16,7 +16,7 @@ run, kl_coef=0 so neither backend keeps a reference model):
         embedded backend's fp32 AdamW on an 80 GB card next to its bf16 rollout copy.
 
 A `train` run is `bapo train` (embedded) or `python -m bapo_vl.backends.verl_main` (verl) for --steps steps; figures
-come from its run record (t_generate, t_score, t_train, t_sync, rollouts, response_length, step wall times); step 1
+come from its run record (t_generate, t_verify, t_train, t_sync, rollouts, response_length, step wall times); step 1
 (warm-up, CUDA graphs / compilation) is left out of the medians.
 
 Needs bapo-vl installed (`pip install -e .`) and, for the verl rows, its `[verl]` and `[vllm]` extras
@@ -141,7 +141,10 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
         cmd = [sys.executable, "-c", "from bapo_vl.cli import main; main()", "train", "--preset", spec["preset"],
                *[f"{k}={_arg(v)}" for k, v in bapo.items()]]
     else:
-        bapo.pop("device")
+        from bapo_vl.config import BACKEND_OF
+
+        for key in ["device", *(k for k in bapo if BACKEND_OF.get(k) == "embedded")]:
+            bapo.pop(key)  # the embedded backend's settings, refused on verl: spec["verl"] has verl's
         verl = dict(spec["verl"], **{"trainer.n_gpus_per_node": gpus}, **verl_extra)
         cmd = [sys.executable, "-m", "bapo_vl.backends.verl_main", "--config",
                str(REPO / "bapo_vl" / "presets" / spec["verl_preset"]),
@@ -181,7 +184,7 @@ def steps_summary(db: Path) -> dict:
     tokens = [m["rollouts"] * m["response_length"] for m in later]
     return dict(steps_recorded=len(rows), step_s=statistics.median(walls), generate_s=med("t_generate"),
                 generate_engine_s=split("t_generate_sample"), generate_logprobs_s=split("t_generate_logprobs"),
-                score_s=med("t_score"), train_s=med("t_train"), sync_s=med("t_sync"),
+                verify_s=med("t_verify"), train_s=med("t_train"), sync_s=med("t_sync"),
                 response_length=med("response_length"), rollouts=med("rollouts"),
                 generate_tokens_per_s=statistics.median(t / m["t_generate"] for t, m in zip(tokens, later)),
                 train_tokens_per_s=statistics.median(t / m["t_train"] for t, m in zip(tokens, later) if m["t_train"]),
@@ -218,7 +221,7 @@ def report(files: list[Path]):
                      and not any(o.startswith("rollout_engine=") for o in r.get("overrides") or [])), None)
         print(f"\n## {shape}" + (f" (decode bound {b['tokens_per_s']:,.0f} tokens/s = {b['decode_step_ms']:.2f} ms "
                                   f"per step at {b['copy_rate_GBps']:.0f} GB/s, {b['card']})" if b else ""))
-        print("| backend | card | changed settings | step s | generate / score / train / sync s "
+        print("| backend | card | changed settings | step s | generate / verify / train / sync s "
               "| of generate: engine / log-probs s | response tokens | generate tok/s | step x embedded | of bound "
               "| train tok/s |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -234,7 +237,8 @@ def report(files: list[Path]):
             ratio = f"{base['step_s'] / r['step_s']:.2f}x" if comparable else "- (other card or settings)"
             frac = f"{r['generate_tokens_per_s'] / b['tokens_per_s']:.1%}" if b and card_model(b) == card_model(r) else "-"
             where = " / ".join("-" if r.get(k) is None else f"{r[k]:.2f}" for k in ("generate_engine_s", "generate_logprobs_s"))
-            print(f"| {label} | {card_model(r)} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {r['score_s']:.2f} / "
+            verify = r["verify_s"] if "verify_s" in r else r["score_s"]  # results written before t_score's rename
+            print(f"| {label} | {card_model(r)} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {verify:.2f} / "
                   f"{r['train_s']:.2f} / {r['sync_s']:.2f} | {where} | {r['rollouts']:.0f} x {r['response_length']:.0f} | "
                   f"{r['generate_tokens_per_s']:,.0f} | {ratio} | {frac} | {r['train_tokens_per_s']:,.0f} |")
 

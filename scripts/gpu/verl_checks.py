@@ -33,8 +33,7 @@ def run(cfg, vcfg) -> int:
     import torch
 
     from bapo_vl.backends.base import UpdateBatch
-    from bapo_vl.backends.verl_backend import ALPHA, CURRENT, VerlBackend
-    from bapo_vl.backends.verl_main import build_verl_workers
+    from bapo_vl.backends.verl_backend import ALPHA, CURRENT, VerlBackend, build_verl_workers
     from bapo_vl.plugins import get_task
     from bapo_vl.trainer import Trainer
 
