@@ -233,3 +233,37 @@ def test_scoring_runs_in_batches_of_score_batch_size_and_the_update_in_micro_bat
     backend.update(UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=((1.0, 0.0), (0.0, 1.0)),
                                advantages=((1.0, -1.0), (-1.0, 1.0))))
     assert sizes == [3, 1] + [1] * 4  # the reference's scoring (kl_coef > 0), then one micro-batch per sequence
+
+
+def test_compute_copy_update_gradients_match_fp32_and_the_copy_follows_the_step(tmp_path, monkeypatch):
+    # Could fail if the bf16 ComputeCopy dropped or double-counted a micro-batch's gradient, computed the proximal
+    # log-probs on other weights than the update's, or kept its old weights after the optimizer step.
+    from bapo_vl.backends.base import Response, UpdateBatch
+
+    problems = get_task("countdown").load(split="train", template="compact")[:4]
+    lengths = [[8, 1, 7, 2], [1, 8, 2, 7], [6, 3, 8, 1], [2, 7, 1, 8]]
+
+    def update(**kw):
+        backend = make("countdown-tiny", tmp_path, micro_batch_size=3, mini_batch_size=4, kl_coef=0.0, **kw)
+        prompts = [backend.encode(p) for p in problems]
+        responses = [[tuple(range(40, 40 + n)) for n in row] for row in lengths]
+        groups = tuple(tuple(Response(r, (-2.0,) * len(r)) for r in rs) for rs in responses)
+        grads = []
+        step = backend.optimizer.step
+        monkeypatch.setattr(backend.optimizer, "step", lambda: grads.append(
+            {k: p.grad.clone() for k, p in backend.policy.named_parameters() if p.grad is not None}) or step())
+        metrics = backend.update(UpdateBatch(prompts=tuple(prompts), responses=groups,
+                                             rewards=tuple((1.0, 0.0, 1.0, 0.0) for _ in prompts),
+                                             advantages=tuple((1.0, -1.0, 0.5, -0.5) for _ in prompts))).metrics
+        return backend, grads[0], metrics
+
+    _, ref, m_ref = update(dtype="float32")
+    backend, got, m_got = update(dtype="bfloat16", mixed_precision="compute_copy")
+    assert backend.compute is not None and backend.trained is backend.compute.model
+    assert all(p.dtype == torch.float32 for p in backend.policy.parameters())
+    flat = lambda g: torch.cat([g[k].flatten() for k in sorted(g)])  # noqa: E731
+    assert set(got) == set(ref)
+    assert torch.nn.functional.cosine_similarity(flat(got), flat(ref), dim=0) > 0.99
+    assert m_got["loss"] == pytest.approx(m_ref["loss"], rel=0.05, abs=1e-3)
+    for m, c in zip(backend.policy.parameters(), backend.compute.model.parameters()):
+        assert torch.equal(c, m.detach().to(torch.bfloat16))  # refreshed after the step

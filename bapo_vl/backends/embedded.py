@@ -25,6 +25,7 @@ from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, Aut
 from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatch, UpdateResult, load_checkpoint_file,
                                    old_logprobs, pack, right_pad)
 from bapo_vl.backends.critic import ValueModel
+from bapo_vl.backends.mixed_precision import ComputeCopy
 from bapo_vl.backends.engines import make_engine
 from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
 from bapo_vl.models import resolve_model
@@ -152,6 +153,10 @@ class EmbeddedBackend:
         self.rollout = self._frozen_copy(frozen_dtype) if cfg.delay > 1 else self.policy
         self.ref = self._frozen_copy(frozen_dtype) if cfg.kl_coef > 0 else None
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        # what the update's forward and backward run on: pi_theta itself, or its bf16 ComputeCopy
+        self.compute = (ComputeCopy(self.policy, self.autocast_dtype)
+                        if cfg.mixed_precision == "compute_copy" and self.autocast_dtype is not None else None)
+        self.trained = self.compute.model if self.compute is not None else self.policy
         self.critic = ValueModel(self.policy).to(self.device) if cfg.critic else None
         self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr,
                                                    weight_decay=cfg.weight_decay) if self.critic else None)
@@ -285,6 +290,11 @@ class EmbeddedBackend:
     def decode(self, tokens) -> str:
         return self.tokenizer.decode(tokens, skip_special_tokens=True)
 
+    def _policy_loaded(self):
+        if self.compute is not None:
+            self.compute.refresh()
+        self.sync()
+
     def sync(self):
         """alpha <- pi_theta, in the backend's alpha copy (which scores behaviour log-probs) and in the engine."""
         if self.rollout is not self.policy:
@@ -318,7 +328,7 @@ class EmbeddedBackend:
         behaviour = right_pad([r.logprobs for _, _, r, *_ in rows], R)
         ref = self.score(self.ref, prompts, responses) if self.ref is not None else None
         # [code]'s truncated IS: ratio against the proximal policy (pi_theta before this update)
-        old, is_w = old_logprobs(behaviour, cfg.tis_threshold, lambda: self.score(self.policy, prompts, responses))
+        old, is_w = old_logprobs(behaviour, cfg.tis_threshold, lambda: self.score(self.trained, prompts, responses))
         values = returns = None
         if self.critic is not None:  # BA-PPO: token-level GAE advantages from the critic, fixed for the epochs
             adv, values, returns = self._gae(prompts, responses, [w for *_, w, _ in rows], mask)
@@ -342,6 +352,8 @@ class EmbeddedBackend:
                 micro_metrics = [self._backward(micro, prompts, responses, terms, n_tokens, len(idx))
                                  for micro in _chunks(idx, cfg.micro_batch_size)]
                 grad_norm = clipped_step(self.optimizer, self.policy, cfg.grad_clip, batch.step)
+                if self.compute is not None:
+                    self.compute.refresh()
                 per_mini.append(_combine(micro_metrics) | {"grad_norm": grad_norm})
                 if self.critic is not None:
                     per_mini[-1] |= self._critic_step(idx, prompts, responses, values, returns, mask, n_tokens,
@@ -359,11 +371,13 @@ class EmbeddedBackend:
         R = max(len(responses[i]) for i in micro)
         cut = lambda t: None if t is None else t[micro, :R].to(self.device)  # noqa: E731
         batch = self._collate([prompts[i] for i in micro], [responses[i] for i in micro])
-        logp, entropy = self._token_logprobs(self.policy, batch, R, with_entropy=True)
+        logp, entropy = self._token_logprobs(self.trained, batch, R, with_entropy=True)
         loss, metrics = total_loss(logp, cut(terms["old"]), cut(terms["adv"]), cut(terms["mask"]), self.loss_cfg,
                                    ref_logp=cut(terms["ref"]), entropy=entropy, is_weights=cut(terms["is_w"]),
                                    n_tokens=n_tokens, n_seqs=n_seqs)
         loss.backward()
+        if self.compute is not None:
+            self.compute.accumulate_grads()
         return metrics
 
     # --- critic (BA-PPO) -------------------------------------------------------------------------------------
@@ -425,10 +439,12 @@ class EmbeddedBackend:
         file = Path(path) / CHECKPOINT
         if policy_only:  # alpha follows when it is the same model
             load_into(self.policy, load_checkpoint_file(file, ("policy",))["policy"], file, "policy")
-            self.sync()
+            self._policy_loaded()
             return
         state = load_checkpoint_file(file, CHECKPOINT_KEYS)
         load_into(self.policy, state["policy"], file, "policy")
+        if self.compute is not None:
+            self.compute.refresh()
         load_into(self.optimizer, state["optimizer"], file, "optimizer")
         if state["rollout"] is not None and self.rollout is not self.policy:
             load_into(self.rollout, state["rollout"], file, "rollout policy")
