@@ -348,16 +348,22 @@ def _old_tables(conn, version):
     conn.executescript(R.SCHEMA)  # every other table (steps exists already: IF NOT EXISTS leaves it)
 
 
-def _v1_record(run_dir):
-    """A version 1 record written by hand, as bapo-vl wrote them before the subset vocabulary changed: HISTORY with
-    the old subset names, the old metric keys, and samples named `fresh` for kept and filtered groups alike."""
+def _old_record(run_dir, version: int, name: str, created_at: str):
+    """A record of schema `version` opened by hand: its tables, meta and config, no steps yet."""
     run_dir.mkdir(parents=True)
     conn = sqlite3.connect(run_dir / R.DB_NAME)
     conn.execute("PRAGMA journal_mode=WAL")
-    _old_tables(conn, 1)
-    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "1"), ("name", "old"),
-                                                       ("status", "finished"), ("created_at", "2025-01-01T00:00:00")])
+    _old_tables(conn, version)
+    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", str(version)), ("name", name),
+                                                       ("status", "finished"), ("created_at", created_at)])
     conn.execute("INSERT INTO config VALUES (?)", (json.dumps(CONFIG),))
+    return conn
+
+
+def _v1_record(run_dir):
+    """A version 1 record written by hand, as bapo-vl wrote them before the subset vocabulary changed: HISTORY with
+    the old subset names, the old metric keys, and samples named `fresh` for kept and filtered groups alike."""
+    conn = _old_record(run_dir, 1, "old", "2025-01-01T00:00:00")
     for step, groups in HISTORY.items():
         metrics = {"x2": int(step == 4), "rollouts": 16, "rollouts_fresh": 8, "rollouts_reeval": 8,
                    "reeval_reward": 1 / 3, "fresh_reward": 0.1 * step, "per_len": [1, 2], "pg_loss": 0.5 * step,
@@ -458,13 +464,7 @@ def _v2_timings(step):
 
 def _v2_record(run_dir):
     """A version 2 record written by hand with version 2's steps table: HISTORY, and _v2_timings per step."""
-    run_dir.mkdir(parents=True)
-    conn = sqlite3.connect(run_dir / R.DB_NAME)
-    conn.execute("PRAGMA journal_mode=WAL")
-    _old_tables(conn, 2)
-    conn.executemany("INSERT INTO meta VALUES (?, ?)", [("schema_version", "2"), ("name", "two"),
-                                                       ("status", "finished"), ("created_at", "2025-06-01T00:00:00")])
-    conn.execute("INSERT INTO config VALUES (?)", (json.dumps(CONFIG),))
+    conn = _old_record(run_dir, 2, "two", "2025-06-01T00:00:00")
     cols = ("x2", "x3", "rollouts", "fresh_reward", "t_generate", "t_score", "t_train", "t_sync")
     for step, groups in HISTORY.items():
         metrics = {"x2": int(step == 4), "x3": 1, "rollouts": 16, "fresh_reward": 0.1 * step, **_v2_timings(step)}
