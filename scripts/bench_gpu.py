@@ -36,7 +36,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
 from bench_backends import SHAPES, _write, card, card_model  # noqa: E402
 
-PEAK_BF16 = {"H100": 989e12, "H200": 989e12, "A100": 312e12}  # dense bf16 tensor-core FLOP/s
+from bapo_vl.perf import actor_mfu, peak_flops  # noqa: E402
+
 
 
 def _config(shape: str, model: Path, engine: str, source: str | None, extra: list[str]):
@@ -229,12 +230,13 @@ def update_bench(a) -> dict:
     n_params = sum(p.numel() for n, p in backend.policy.named_parameters() if "embed_tokens" not in n)
     tokens, T = 16 * 1024, 1024
     flops = 6 * n_params * tokens + 6 * c.num_hidden_layers * c.hidden_size * T * T * 16  # causal attention: half of 12
-    peak = next((v for k, v in PEAK_BF16.items() if k in card()), None)
+    peak = peak_flops(card())
     memory = _memory()  # of the timed updates, before the profiled one
-    return dict(kind="update", card=card(), model=str(a.model), compiled=a.compile, sequences=16, tokens=tokens,
-                seconds=seconds,
+    return dict(kind="update", card=card(), model=str(a.model), compiled=a.compile,
+                mixed_precision=cfg.mixed_precision, sequences=16, tokens=tokens, seconds=seconds,
                 tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
-                mfu=flops / seconds / peak if peak else None, **memory,
+                mfu=flops / seconds / peak if peak else None,
+                mfu_easyr1=actor_mfu(c, [T] * 16, seconds, gpus=1, peak=peak), **memory,
                 profile=profile(lambda: backend.update(batch)) if a.profile else None)
 
 
@@ -306,12 +308,19 @@ def report(files: list[Path]):
         for row in r["rows"]:
             print(f"| {row['score_batch_size']}{' (micro_batch_size)' if row is base else ''} | {row['seconds']:.2f} | "
                   f"{base['seconds'] / row['seconds']:.2f}x | {row.get('peak_allocated_GB', 0):.1f} / {row.get('peak_reserved_GB', 0):.1f} |")
-    for r in (r for r in results if r["kind"] == "update"):
+    updates = [r for r in results if r["kind"] == "update"]
+    for r in updates:
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+        if r.get("mfu_easyr1") is not None:
+            mfu += f" (EasyR1's count: {r['mfu_easyr1']:.1%})"
+        base = next(u for u in updates if u["card"] == r["card"])  # the first update of this card: the baseline
+        ratio = f", {base['seconds'] / r['seconds']:.2f}x the first update of this card" if base is not r else ""
+        mode = [m for m in ("torch.compile" if r.get("compiled") else "",
+                            r.get("mixed_precision", "autocast") if r.get("mixed_precision") != "autocast" else "") if m]
         if r.get("profile"):
             print(f"\nupdate profile ({card_model(r)}):\n{r['profile']}")
-        print(f"\nupdate ({card_model(r)}{', torch.compile' if r.get('compiled') else ''}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
-              f"{r['tokens_per_s']:,.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, MFU {mfu}" + (
+        print(f"\nupdate ({', '.join([card_model(r), *mode])}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
+              f"{r['tokens_per_s']:,.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, MFU {mfu}{ratio}" + (
                   f"; peak allocated {r['peak_allocated_GB']:.1f} GB, reserved {r['peak_reserved_GB']:.1f} GB "
                   f"({r['peak_reserved_GB'] / r['peak_allocated_GB']:.2f}x)" if "peak_allocated_GB" in r else ""))
 

@@ -46,6 +46,10 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
     run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--out", compiled,
         "--set", "device=cpu", "--compile", cwd=tmp_path)
     assert json.loads(compiled.read_text())["compiled"] and not u["compiled"]
+    copy = tmp_path / "copy.json"  # the other A/B arm: bf16 compute copy against bf16 autocast
+    run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--out", copy,
+        "--set", "device=cpu", "dtype=bfloat16", "mixed_precision=compute_copy", cwd=tmp_path)
+    assert json.loads(copy.read_text())["mixed_precision"] == "compute_copy" and u["mixed_precision"] == "autocast"
     score = tmp_path / "score.json"  # behaviour scoring at score_batch_size 4 and 16 against micro_batch_size 2
     run(ROOT / "scripts" / "bench_gpu.py", "score", "--shape", "text", "--model", POLICY, "--prompts", "2",
         "--batch", "4,16", "--out", score, *settings[:-1], "micro_batch_size=2", cwd=tmp_path)
@@ -57,8 +61,10 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
     wide = tmp_path / "wide.json"
     run(ROOT / "scripts" / "bench_gpu.py", "engine", "--engine", "transformers", "--shape", "text", "--model", POLICY,
         "--prompts", "4", "--no-probe-cb", "--out", wide, *settings[:-1], "generate_batch_size=16", cwd=tmp_path)
-    table = run(ROOT / "scripts" / "bench_gpu.py", "report", engine, wide, update, compiled)
+    table = run(ROOT / "scripts" / "bench_gpu.py", "report", engine, wide, update, compiled, copy)
     assert "update (cpu): 16 x 1,024 tokens" in table and "update (cpu, torch.compile): 16 x 1,024 tokens" in table
+    assert "update (cpu, compute_copy): 16 x 1,024 tokens" in table
+    assert table.count("x the first update of this card") == 2  # both arms against the first
     lines = table.splitlines()
     # every row against transformers' SDPA at the default chunk size, same prompts: the chunk size and the
     # attention change how, not what
