@@ -34,9 +34,7 @@ class ComputeCopy:
 
     @torch.no_grad()
     def refresh(self) -> None:
-        """The copy's weights <- the fp32 weights (after each optimizer step, and after loading weights)."""
+        """The copy's weights <- the fp32 weights (after each optimizer step, and after loading weights); buffers
+        (rotary frequencies) do not train and stay as the copy was made."""
         for m, c in self.pairs:
             c.copy_(m)
-        for m, c in zip(self.master.buffers(), self.model.buffers()):
-            if m.is_floating_point():
-                c.copy_(m)
