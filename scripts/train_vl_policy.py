@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bapo_vl.mrope import PromptPositions, batch_positions  # noqa: E402
+
 # --size: shape and recipe (text: hidden/layers/heads/kv_heads/intermediate; vision tower: vision_*)
 SIZES = {
     "geodraw-tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=256, vision_depth=2,
@@ -131,9 +133,10 @@ class PixelCodec:
         return pv.reshape(-1, pv.shape[-1])
 
 
-def encode_row(processor, problem, target: str | None) -> dict:
+def encode_row(processor, problem, target: str | None, positions: PromptPositions | None = None) -> dict:
     """One problem: prompt (+ response and eos unless target is None) ids, image-token markers, where the response
-    starts, the image's grid and its pixel values (fp32, [patches, dim])."""
+    starts, the image's grid and its pixel values (fp32, [patches, dim]); with `positions`, the prompt's M-RoPE
+    positions too (bapo_vl.mrope: computed here, on the CPU, instead of in every forward)."""
     tok = processor.tokenizer
     enc = encode_prompt(processor, problem)
     ids = enc["input_ids"].tolist()
@@ -141,12 +144,16 @@ def encode_row(processor, problem, target: str | None) -> dict:
     if target is not None:
         ids = ids + tok(target_text(problem, target), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     types = enc["mm_token_type_ids"].tolist() if "mm_token_type_ids" in enc else [0] * start
-    return {"ids": ids, "types": types + [0] * (len(ids) - len(types)), "start": start,
-            "grid": enc["image_grid_thw"], "pixel_values": enc["pixel_values"]}
+    row = {"ids": ids, "types": types + [0] * (len(ids) - len(types)), "start": start,
+           "grid": enc["image_grid_thw"], "pixel_values": enc["pixel_values"]}
+    if positions is not None:
+        row["positions"] = positions(enc["input_ids"], torch.tensor(types), enc["image_grid_thw"])
+    return row
 
 
 def pad_rows(rows: list[dict], pad_id: int) -> dict:
-    """Right-padded ids, markers and labels (-100 outside the response) of encoded rows."""
+    """Right-padded ids, markers and labels (-100 outside the response) of encoded rows (and their M-RoPE positions
+    when the rows have them)."""
     width = max(len(r["ids"]) for r in rows)
     ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
     types = torch.zeros((len(rows), width), dtype=torch.long)
@@ -156,16 +163,23 @@ def pad_rows(rows: list[dict], pad_id: int) -> dict:
         ids[k, :n] = torch.tensor(r["ids"])
         types[k, :n] = torch.tensor(r["types"])
         labels[k, r["start"]:n] = ids[k, r["start"]:n]
-    return {"ids": ids, "types": types, "labels": labels, "lengths": torch.tensor([len(r["ids"]) for r in rows]),
-            "starts": torch.tensor([r["start"] for r in rows])}
+    lengths = torch.tensor([len(r["ids"]) for r in rows])
+    out = {"ids": ids, "types": types, "labels": labels, "lengths": lengths,
+           "starts": torch.tensor([r["start"] for r in rows])}
+    if "positions" in rows[0]:
+        mask = (torch.arange(width)[None] < lengths[:, None]).long()
+        out["positions"] = batch_positions([r["positions"] for r in rows], [0] * len(rows), mask)
+    return out
 
 
-def model_inputs(ids, types, lengths, grid, pixel_values, device) -> dict:
+def model_inputs(ids, types, lengths, grid, pixel_values, device, positions=None) -> dict:
     """A right-padded batch as the model takes it (trimmed to its longest row)."""
     w = int(lengths.max())
     mask = (torch.arange(w)[None] < lengths[:, None]).long()
     inputs = {"input_ids": ids[:, :w], "attention_mask": mask, "mm_token_type_ids": types[:, :w],
               "image_grid_thw": grid.repeat(len(ids), 1)}
+    if positions is not None:
+        inputs["position_ids"] = positions[:, :, :w]
     return {**{k: v.to(device) for k, v in inputs.items()}, "pixel_values": pixel_values}
 
 
@@ -173,12 +187,13 @@ class Encoded:
     """Problems encoded once, on CPU: right-padded prompt+response ids, labels (-100 outside the response),
     image-token markers, and pixel values as exact uint8 (PixelCodec)."""
 
-    def __init__(self, problems, processor, with_response: bool = True, target: str = "read"):
+    def __init__(self, problems, processor, with_response: bool = True, target: str = "read",
+                 positions: PromptPositions | None = None):
         tok = processor.tokenizer
         rows, pix = [], []
         self.codec = None
         for i, p in enumerate(problems):
-            row = encode_row(processor, p, target if with_response else None)
+            row = encode_row(processor, p, target if with_response else None, positions)
             if self.codec is None:
                 self.codec = PixelCodec(processor, row["pixel_values"].shape[1])
             pix.append(self.codec.to_bytes(row.pop("pixel_values")))
@@ -194,6 +209,7 @@ class Encoded:
         padded = pad_rows(rows, tok.pad_token_id)
         self.ids, self.types, self.labels = padded["ids"], padded["types"], padded["labels"]
         self.lengths, self.starts = padded["lengths"], padded["starts"]
+        self.positions = padded.get("positions")
         self.problems = problems
 
     def __len__(self):
@@ -205,7 +221,8 @@ class Encoded:
     def batch(self, idx: torch.Tensor, device) -> tuple[dict, torch.Tensor]:
         """Model inputs for rows idx (right padded, trimmed to the longest) and their labels."""
         inputs = model_inputs(self.ids[idx], self.types[idx], self.lengths[idx], self.grid,
-                              self.pixels(idx, device), device)
+                              self.pixels(idx, device), device,
+                              None if self.positions is None else self.positions[:, idx])
         return inputs, self.labels[idx, :int(self.lengths[idx].max())].to(device)
 
 
@@ -218,8 +235,9 @@ class FreshProblems(torch.utils.data.IterableDataset):
     in the worker. With a fixed number of workers the order is fixed too (DataLoader takes the workers' batches in
     turn), so a run repeats. Memory stays that of a few batches, however many problems training sees."""
 
-    def __init__(self, processor, target: str, batch: int, data_seed: int, image_size: int):
-        self.processor, self.target, self.batch = processor, target, batch
+    def __init__(self, processor, target: str, batch: int, data_seed: int, image_size: int,
+                 positions: PromptPositions | None = None):
+        self.processor, self.target, self.batch, self.positions = processor, target, batch, positions
         self.data_seed, self.image_size = data_seed, image_size
         self.codec = None
 
@@ -230,7 +248,7 @@ class FreshProblems(torch.utils.data.IterableDataset):
         while True:
             for p in task.load(split="train", n=CHUNK, seed=self.data_seed * 1_000_000 + c,
                                image_size=self.image_size):
-                row = encode_row(self.processor, p, self.target)
+                row = encode_row(self.processor, p, self.target, self.positions)
                 if self.codec is None:
                     self.codec = PixelCodec(self.processor, row["pixel_values"].shape[1])
                 row["pixel_values"] = self.codec.to_bytes(row["pixel_values"])
@@ -242,9 +260,9 @@ class FreshProblems(torch.utils.data.IterableDataset):
             c += n_workers
 
 
-def fresh_batches(processor, args):
+def fresh_batches(processor, args, positions: PromptPositions):
     """An iterator over FreshProblems' batches, made by --data-workers processes (none: in this process)."""
-    data = FreshProblems(processor, args.target, args.batch, args.data_seed, args.image_size)
+    data = FreshProblems(processor, args.target, args.batch, args.data_seed, args.image_size, positions)
 
     def one_thread(_):
         torch.set_num_threads(1)
@@ -411,9 +429,10 @@ def main(argv=None):
     from bapo_vl.problem import Verdict
     bad = [p.uid for p in train_problems[:64] if task.verify(target_text(p, args.target), p.answer) != Verdict.CORRECT]
     assert not bad, f"the verifier does not grade the target correct: {bad}"
-    data = Encoded(train_problems, processor, target=args.target)  # with fresh data: only the encoding checks
+    positions = PromptPositions(model.config)
+    data = Encoded(train_problems, processor, target=args.target, positions=positions)  # fresh: the checks only
     test = Encoded(test_problems, processor, with_response=False)
-    batches = fresh_batches(processor, args) if fresh else None
+    batches = fresh_batches(processor, args, positions) if fresh else None
     print(f"problems {'fresh every step' if fresh else len(data)} train, {len(test)} test (encoded in "
           f"{time.time() - t_start:.1f}s), image {args.image_size}px = {int(data.grid.prod()) // 4} image tokens, "
           f"params {n_params:,} (vision {n_vision:,}), device {device}, bf16 {bf16}", flush=True)
@@ -439,7 +458,7 @@ def main(argv=None):
         if fresh:
             b = next(batches)
             inputs = model_inputs(b["ids"], b["types"], b["lengths"], b["grid"], data.codec.values(b["pix"], device),
-                                  device)
+                                  device, b["positions"])
             y = b["labels"][:, :int(b["lengths"].max())].to(device)
         else:
             if pos + args.batch > len(perm):

@@ -128,9 +128,10 @@ def test_fresh_data_is_new_every_batch_and_repeats_run_to_run():
     # Could fail if workers drew the same chunk (every example seen once per worker), if a batch repeated, or if
     # the same command gave another order (a run would not reproduce).
     args = _fresh_args(2)
-    _, processor = script.build(args)
-    first = _take(script.fresh_batches(processor, args), 6)
-    again = _take(script.fresh_batches(processor, args), 6)
+    model, processor = script.build(args)
+    positions = script.PromptPositions(model.config)
+    first = _take(script.fresh_batches(processor, args, positions), 6)
+    again = _take(script.fresh_batches(processor, args, positions), 6)
     for a, b in zip(first, again):
         assert torch.equal(a["ids"], b["ids"]) and torch.equal(a["pix"], b["pix"])
     rows = {(tuple(ids.tolist()), bytes(pix.flatten().numpy())) for b in first for ids, pix in zip(b["ids"], b["pix"])}
@@ -139,6 +140,7 @@ def test_fresh_data_is_new_every_batch_and_repeats_run_to_run():
     resp = b["labels"][0][b["labels"][0] != -100]  # labels are the response, as in the fixed set
     assert processor.tokenizer.decode(resp).endswith("</answer><|im_end|>")
     assert b["pix"].dtype == torch.uint8 and b["grid"].tolist() == [[1, SIDE // 14, SIDE // 14]]
+    assert b["positions"].shape == (3, *b["ids"].shape)  # computed in the workers
 
 
 def test_trains_on_fresh_data(tmp_path):
@@ -148,3 +150,23 @@ def test_trains_on_fresh_data(tmp_path):
                         "--data-workers", "1"])
     assert meta["data"] == "fresh" and meta["problems"] == 12 and meta["steps"] == 3
     assert "each drawn once" in (tmp_path / "p" / "TRAINING.md").read_text()
+
+
+def test_training_batches_carry_the_positions_the_model_would_compute():
+    # Could fail if a row's M-RoPE positions (bapo_vl.mrope, computed once per row on the CPU) differed from
+    # transformers' get_rope_index over the padded batch, or if the forward given them differed from one without.
+    args = type("A", (), dict(script.SIZES["geodraw-tiny"], image_size=SIDE, seed=0))
+    model, processor = script.build(args)
+    problems = script.get_task().load(split="train", n=5, seed=0, image_size=SIDE)
+    enc = script.Encoded(problems, processor, positions=script.PromptPositions(model.config))
+    inputs, _ = enc.batch(torch.arange(5), "cpu")
+    position_ids = inputs.pop("position_ids")
+    reference, _ = model.model.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
+                                              image_grid_thw=inputs["image_grid_thw"],
+                                              attention_mask=inputs["attention_mask"])
+    assert torch.equal(position_ids, reference)
+    with torch.no_grad():
+        given = model(**inputs, position_ids=position_ids).logits
+        computed = model(**inputs).logits
+    mask = inputs["attention_mask"].bool()
+    torch.testing.assert_close(given[mask], computed[mask], rtol=0, atol=0)

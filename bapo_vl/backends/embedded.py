@@ -29,6 +29,7 @@ from bapo_vl.backends.mixed_precision import ComputeCopy
 from bapo_vl.backends.engines import make_engine
 from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
 from bapo_vl.models import resolve_model
+from bapo_vl.mrope import PromptPositions, batch_positions
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.problem import Problem
 from bapo_vl.vision_attention import use_segment_attention
@@ -101,7 +102,10 @@ class PromptEncoder:
 
     def __init__(self, path, cfg):
         self.max_prompt_length = cfg.max_prompt_length
-        self.is_vl = hasattr(AutoConfig.from_pretrained(path), "vision_config")
+        config = AutoConfig.from_pretrained(path)
+        self.is_vl = hasattr(config, "vision_config")
+        # M-RoPE positions once per prompt, so scoring and updates do not recompute them in every forward
+        self.positions = PromptPositions(config) if self.is_vl and PromptPositions.supported(config) else None
         if self.is_vl:
             self.processor = AutoProcessor.from_pretrained(path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
             self.tokenizer = self.processor.tokenizer
@@ -117,6 +121,8 @@ class PromptEncoder:
             enc = {k: v[0] if k in ("input_ids", "attention_mask", "mm_token_type_ids") else v
                    for k, v in out.items()}
             enc.pop("attention_mask", None)
+            if self.positions is not None and "mm_token_type_ids" in enc:
+                enc["positions"] = self.positions(enc["input_ids"], enc["mm_token_type_ids"], enc.get("image_grid_thw"))
             # what a vLLM engine is given instead: the same text and images, processed by vLLM itself
             enc["raw"] = {"prompt": text, **({"multi_modal_data": {"image": list(problem.images)}}
                                               if problem.images else {})}
@@ -216,6 +222,10 @@ class EmbeddedBackend:
             if "mm_token_type_ids" in prompts[0]:  # image-token markers over the prompt, zero elsewhere
                 types = pack([p["mm_token_type_ids"] for p in prompts], None, 0).input_ids
                 batch["mm_token_type_ids"] = torch.cat([types, torch.zeros(len(prompts), packed.R, dtype=torch.long)], 1)
+            if responses is not None and all("positions" in p for p in prompts):  # generate finds its own
+                starts = [packed.P - len(p["input_ids"]) for p in prompts]
+                batch["position_ids"] = batch_positions([p["positions"] for p in prompts], starts,
+                                                        packed.attention_mask)
         else:  # text models take positions from the mask so left padding does not shift them
             batch["position_ids"] = (packed.attention_mask.cumsum(-1) - 1).clamp(min=0)
         return {k: v.to(self.device) for k, v in batch.items()} | {"P": packed.P}
