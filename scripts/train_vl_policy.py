@@ -46,7 +46,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bapo_vl.mrope import PromptPositions, batch_positions  # noqa: E402
+from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions  # noqa: E402
 
 # --size: shape and recipe (text: hidden/layers/heads/kv_heads/intermediate; vision tower: vision_*)
 SIZES = {
@@ -172,14 +172,18 @@ def pad_rows(rows: list[dict], pad_id: int) -> dict:
     return out
 
 
-def model_inputs(ids, types, lengths, grid, pixel_values, device, positions=None) -> dict:
-    """A right-padded batch as the model takes it (trimmed to its longest row)."""
+def model_inputs(ids, types, lengths, grid, pixel_values, device, positions=None,
+                 vision: VisionInputs | None = None) -> dict:
+    """A right-padded batch as the model takes it (trimmed to its longest row), with the precomputed M-RoPE
+    positions and vision-tower inputs when given (bapo_vl.mrope)."""
     w = int(lengths.max())
     mask = (torch.arange(w)[None] < lengths[:, None]).long()
     inputs = {"input_ids": ids[:, :w], "attention_mask": mask, "mm_token_type_ids": types[:, :w],
               "image_grid_thw": grid.repeat(len(ids), 1)}
     if positions is not None:
         inputs["position_ids"] = positions[:, :, :w]
+    if vision is not None:
+        inputs |= vision(inputs["image_grid_thw"])
     return {**{k: v.to(device) for k, v in inputs.items()}, "pixel_values": pixel_values}
 
 
@@ -188,7 +192,7 @@ class Encoded:
     image-token markers, and pixel values as exact uint8 (PixelCodec)."""
 
     def __init__(self, problems, processor, with_response: bool = True, target: str = "read",
-                 positions: PromptPositions | None = None):
+                 positions: PromptPositions | None = None, vision: VisionInputs | None = None):
         tok = processor.tokenizer
         rows, pix = [], []
         self.codec = None
@@ -209,7 +213,7 @@ class Encoded:
         padded = pad_rows(rows, tok.pad_token_id)
         self.ids, self.types, self.labels = padded["ids"], padded["types"], padded["labels"]
         self.lengths, self.starts = padded["lengths"], padded["starts"]
-        self.positions = padded.get("positions")
+        self.positions, self.vision = padded.get("positions"), vision
         self.problems = problems
 
     def __len__(self):
@@ -222,7 +226,7 @@ class Encoded:
         """Model inputs for rows idx (right padded, trimmed to the longest) and their labels."""
         inputs = model_inputs(self.ids[idx], self.types[idx], self.lengths[idx], self.grid,
                               self.pixels(idx, device), device,
-                              None if self.positions is None else self.positions[:, idx])
+                              None if self.positions is None else self.positions[:, idx], self.vision)
         return inputs, self.labels[idx, :int(self.lengths[idx].max())].to(device)
 
 
@@ -429,8 +433,9 @@ def main(argv=None):
     from bapo_vl.problem import Verdict
     bad = [p.uid for p in train_problems[:64] if task.verify(target_text(p, args.target), p.answer) != Verdict.CORRECT]
     assert not bad, f"the verifier does not grade the target correct: {bad}"
-    positions = PromptPositions(model.config)
-    data = Encoded(train_problems, processor, target=args.target, positions=positions)  # fresh: the checks only
+    positions, vision = PromptPositions(model.config), VisionInputs(model.config.vision_config)
+    data = Encoded(train_problems, processor, target=args.target, positions=positions,
+                   vision=vision)  # with fresh data: only the encoding checks
     test = Encoded(test_problems, processor, with_response=False)
     batches = fresh_batches(processor, args, positions) if fresh else None
     print(f"problems {'fresh every step' if fresh else len(data)} train, {len(test)} test (encoded in "
@@ -458,7 +463,7 @@ def main(argv=None):
         if fresh:
             b = next(batches)
             inputs = model_inputs(b["ids"], b["types"], b["lengths"], b["grid"], data.codec.values(b["pix"], device),
-                                  device, b["positions"])
+                                  device, b["positions"], vision)
             y = b["labels"][:, :int(b["lengths"].max())].to(device)
         else:
             if pos + args.batch > len(perm):

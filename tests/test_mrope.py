@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bapo_vl.config import load_config
-from bapo_vl.mrope import PromptPositions, batch_positions
+from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions
 from bapo_vl.plugins import get_task
 from bapo_vl.tiny import build_qwen2_5_vl, build_qwen2
 
@@ -43,10 +43,13 @@ def test_batch_positions_equal_get_rope_index_on_the_embedded_layout(tiny_vl):
                                               attention_mask=batch["attention_mask"])
     assert torch.equal(batch["position_ids"], reference)
     assert P == max(len(p["input_ids"]) for p in prompts)
-    # the forward given the positions is the forward that computes them
+    precomputed = {"position_ids", "image_position_ids", "image_cu_seqlens", "image_window_index",
+                   "image_cu_window_seqlens"}
+    assert precomputed <= set(batch)
+    # the forward given the positions and the vision tower's inputs is the forward that computes them
     with torch.no_grad():
         given = model(**batch).logits
-        computed = model(**{k: v for k, v in batch.items() if k != "position_ids"}).logits
+        computed = model(**{k: v for k, v in batch.items() if k not in precomputed}).logits
     mask = batch["attention_mask"].bool()
     torch.testing.assert_close(given[mask], computed[mask], rtol=0, atol=0)
     # generation batches (no responses) leave positions to generate
@@ -87,3 +90,19 @@ def test_text_models_have_no_mrope():
     out = build_qwen2()
     model = out[0] if isinstance(out, tuple) else out
     assert not PromptPositions.supported(model.config)
+
+
+def test_vision_inputs_are_what_the_tower_computes(tiny_vl):
+    # Could fail if an index tensor differed from transformers' (the tower's output would change) or if the cache
+    # handed one list of grids the inputs of another.
+    model, _, _ = tiny_vl
+    vision = VisionInputs(model.config.vision_config, cache=1)
+    torch.manual_seed(0)
+    for grids in ([[1, 8, 8], [1, 8, 8], [1, 4, 4]], [[1, 4, 8], [1, 8, 8]], [[1, 8, 8], [1, 8, 8], [1, 4, 4]]):
+        grid = torch.tensor(grids)
+        pixels = torch.randn(int(grid.prod(-1).sum()), 1176)
+        with torch.no_grad():
+            own = model.model.visual(pixels, grid_thw=grid).pooler_output
+            given = model.model.visual(pixels, grid_thw=grid, **{k.removeprefix("image_"): v
+                                                                  for k, v in vision(grid).items()}).pooler_output
+        torch.testing.assert_close(given, own, rtol=0, atol=0)

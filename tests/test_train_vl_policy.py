@@ -158,15 +158,18 @@ def test_training_batches_carry_the_positions_the_model_would_compute():
     args = type("A", (), dict(script.SIZES["geodraw-tiny"], image_size=SIDE, seed=0))
     model, processor = script.build(args)
     problems = script.get_task().load(split="train", n=5, seed=0, image_size=SIDE)
-    enc = script.Encoded(problems, processor, positions=script.PromptPositions(model.config))
+    enc = script.Encoded(problems, processor, positions=script.PromptPositions(model.config),
+                         vision=script.VisionInputs(model.config.vision_config))
     inputs, _ = enc.batch(torch.arange(5), "cpu")
     position_ids = inputs.pop("position_ids")
+    vision = {k: inputs.pop(k) for k in list(inputs) if k.startswith("image_") and k != "image_grid_thw"}
+    assert len(vision) == 4
     reference, _ = model.model.get_rope_index(inputs["input_ids"], mm_token_type_ids=inputs["mm_token_type_ids"],
                                               image_grid_thw=inputs["image_grid_thw"],
                                               attention_mask=inputs["attention_mask"])
     assert torch.equal(position_ids, reference)
     with torch.no_grad():
-        given = model(**inputs, position_ids=position_ids).logits
+        given = model(**inputs, position_ids=position_ids, **vision).logits
         computed = model(**inputs).logits
     mask = inputs["attention_mask"].bool()
     torch.testing.assert_close(given[mask], computed[mask], rtol=0, atol=0)

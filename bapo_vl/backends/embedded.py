@@ -29,7 +29,7 @@ from bapo_vl.backends.mixed_precision import ComputeCopy
 from bapo_vl.backends.engines import make_engine
 from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
 from bapo_vl.models import resolve_model
-from bapo_vl.mrope import PromptPositions, batch_positions
+from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.problem import Problem
 from bapo_vl.vision_attention import use_segment_attention
@@ -106,6 +106,7 @@ class PromptEncoder:
         self.is_vl = hasattr(config, "vision_config")
         # M-RoPE positions once per prompt, so scoring and updates do not recompute them in every forward
         self.positions = PromptPositions(config) if self.is_vl and PromptPositions.supported(config) else None
+        self.vision_inputs = VisionInputs(config.vision_config) if self.is_vl else None
         if self.is_vl:
             self.processor = AutoProcessor.from_pretrained(path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
             self.tokenizer = self.processor.tokenizer
@@ -226,6 +227,8 @@ class EmbeddedBackend:
                 starts = [packed.P - len(p["input_ids"]) for p in prompts]
                 batch["position_ids"] = batch_positions([p["positions"] for p in prompts], starts,
                                                         packed.attention_mask)
+            if responses is not None and "image_grid_thw" in batch:
+                batch |= self.encoder.vision_inputs(batch["image_grid_thw"])
         else:  # text models take positions from the mask so left padding does not shift them
             batch["position_ids"] = (packed.attention_mask.cumsum(-1) - 1).clamp(min=0)
         return {k: v.to(self.device) for k, v in batch.items()} | {"P": packed.P}
