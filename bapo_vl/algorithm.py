@@ -115,7 +115,7 @@ class HighBuffer:
 @dataclass
 class Thresholds:
     """c1 is fixed; c2, c3 move linearly with r_tot, the running average of all fresh rewards (eq. 8).
-    c1 and the [low, high] ranges of c2, c3 have no defaults here: they are declared once, in Config."""
+    c1 and the [low, high] ranges of c2, c3 have no defaults here: they are declared once, in config.BapoSettings."""
 
     c1: float
     c2_range: tuple
@@ -144,32 +144,32 @@ class Thresholds:
 
 # --- X1: online filters (Appendix A.3) ---------------------------------------------------------------------
 
-OnlineFilter = Callable[[list[Group], Any, random.Random], list[Group]]
+OnlineFilter = Callable[[list[Group], Any, random.Random], list[Group]]  # (groups, config.BapoSettings, rng) -> kept
 ONLINE_FILTERS: Registry[OnlineFilter] = Registry("online filter")
 register_filter, get_filter = ONLINE_FILTERS.register, ONLINE_FILTERS.lookup
 
 
 @register_filter("range")
-def keep_range(groups, cfg, rng):
+def keep_range(groups, bapo, rng):
     """Keep 1/G <= mu <= (G-1)/G: drop all-wrong and all-right groups (zero advantage)."""
     return [g for g in groups if 0 < g.correct < len(g.samples)]
 
 
 @register_filter("gaussian")
-def keep_gaussian(groups, cfg, rng):
+def keep_gaussian(groups, bapo, rng):
     """Keep with probability N(mu | mean, std), scaled to 1 at the mean."""
-    keep = lambda mu: math.exp(-0.5 * ((mu - cfg.gaussian_mean) / cfg.gaussian_std) ** 2)
+    keep = lambda mu: math.exp(-0.5 * ((mu - bapo.gaussian_mean) / bapo.gaussian_std) ** 2)
     return [g for g in groups if rng.random() < keep(g.mu)]
 
 
 @register_filter("uniform")
-def keep_uniform(groups, cfg, rng):
+def keep_uniform(groups, bapo, rng):
     """Keep a random fraction regardless of mu (the unstable ablation)."""
-    return [g for g in groups if rng.random() < cfg.uniform_keep]
+    return [g for g in groups if rng.random() < bapo.uniform_keep]
 
 
 @register_filter("none")
-def keep_all(groups, cfg, rng):
+def keep_all(groups, bapo, rng):
     """No filter (GRPO)."""
     return list(groups)
 
@@ -177,7 +177,7 @@ def keep_all(groups, cfg, rng):
 # --- X2 and X3 -----------------------------------------------------------------------------------------------
 
 
-# X2 promotion rules (Config.promote): is the re-generated group `new` good enough to train on, given `old`?
+# X2 promotion rules (BapoSettings.promote): is the re-generated group `new` good enough to train on, given `old`?
 PromoteRule = Callable[[Group, Group, float], bool]
 PROMOTE_RULES: Registry[PromoteRule] = Registry("promote rule")
 register_promote, get_promote = PROMOTE_RULES.register, PROMOTE_RULES.lookup

@@ -29,8 +29,8 @@ def cmd_train(args) -> int:
         cfg = resume_config(resume[-1], [o for o in args.overrides if o.partition("=")[0].strip() != "resume"])
     else:
         cfg = load_config(args.preset, args.config, args.overrides)
-    cfg.tasks_dirs = [*cfg.tasks_dirs, *_tasks_dirs(args)]  # --tasks-dir
-    run_dir = launcher(cfg.backend)(cfg, quiet=args.quiet)  # backend=embedded: bapo_vl.train.train
+    cfg.run.tasks_dirs = [*cfg.run.tasks_dirs, *_tasks_dirs(args)]  # --tasks-dir
+    run_dir = launcher(cfg.run.backend)(cfg, quiet=args.quiet)  # backend=embedded: bapo_vl.train.train
     from bapo_vl.train import learning_summary
 
     print(learning_summary(run_dir))

@@ -1,8 +1,9 @@
 """The one config object. Every default is declared here, once; presets (YAML) and `key=value` overrides
 change fields by name. Paper defaults are SPEC section 4; fields marked [code] follow the authors' code.
 
-Backends (BACKENDS): each declares the fields only it reads in a dataclass of its own (EmbeddedOptions,
-VerlOptions), which Config takes as fields of its own, so that key=value, presets and run records name them flat."""
+Config is a few groups of settings (run, sampling, bapo, optim, loss, and each backend's options), so that each
+part of the code is handed the group it reads. Outside Python the names stay flat: key=value, presets and run
+records name a field by its key (FIELDS), unique across groups; Config.from_dict and to_dict convert."""
 from __future__ import annotations
 
 import ast
@@ -13,7 +14,6 @@ import functools
 import importlib
 import inspect
 import json
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -21,14 +21,13 @@ from typing import Any, ClassVar
 import yaml
 
 from bapo_vl.algorithm import ONLINE_FILTERS, PROMOTE_RULES
-from bapo_vl.loss_config import AGG_MODES, POLICY_LOSSES, LossConfig
+from bapo_vl.fields import Range, within
+from bapo_vl.loss_config import LossConfig
 from bapo_vl.optim import LR_SCHEDULES
 from bapo_vl.record import DB_NAME, SINKS, query_ro, read_meta
 from bapo_vl.registry import Registry
 
 PRESET_DIR = Path(__file__).parent / "presets"
-# Config fields that LossConfig takes under the same name (Config's loss and loss_agg are its name and agg)
-SHARED_LOSS_FIELDS = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "agg", "bac_reduce"}
 
 
 def shorten(value, limit: int = 60) -> str:
@@ -60,32 +59,6 @@ class UnknownKey(ConfigError, KeyError):
         return str(self.args[0])  # KeyError would quote the message
 
 
-@dataclass(frozen=True)
-class Range:
-    """The numbers a field takes: above gt / from ge, below lt / up to le (None: no bound on that side)."""
-    gt: float | None = None
-    ge: float | None = None
-    lt: float | None = None
-    le: float | None = None
-
-    def __contains__(self, x) -> bool:
-        return ((self.gt is None or x > self.gt) and (self.ge is None or x >= self.ge)
-                and (self.lt is None or x < self.lt) and (self.le is None or x <= self.le))
-
-    def __str__(self) -> str:
-        bounds = ((">", self.gt), (">=", self.ge), ("<", self.lt), ("<=", self.le))
-        return " and ".join(f"{op} {bound:g}" for op, bound in bounds if bound is not None)
-
-
-def within(default, accepted, hint: str = ""):
-    """A Config field whose values must be `in accepted`: a Range, or the names it takes (a tuple, or a registry,
-    so that a newly registered name counts). For a list or pair field, each item. `hint` ends the error message."""
-    meta = {"accepted": accepted, "hint": hint}
-    if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: copy.copy(default), metadata=meta)
-    return field(default=default, metadata=meta)
-
-
 DEVICES = ("auto", "cpu", "cuda")
 ROLLOUT_ENGINES = ("auto", "transformers", "vllm")  # bapo_vl/backends/engines.py
 DTYPES = ("auto", "float32", "bfloat16")  # the embedded backend computes in bf16 (autocast) or fp32
@@ -113,17 +86,19 @@ ALGOS: dict[str, dict[str, Any]] = {
 
 
 # --- backends: what runs the steps ---------------------------------------------------------------------------
-# name -> the dataclass of the fields only that backend reads (its options), with LAUNCH, the function that runs a
-# training run on it ("module:function", imported when a run starts: this module imports no torch), and INSTEAD,
-# what the other backend takes in place of each field (the line that refuses the field there).
+# name -> the dataclass of the fields only that backend reads (its options: Config's group of that name), with
+# LAUNCH, the function that runs a training run on it ("module:function", imported when a run starts: this module
+# imports no torch), and INSTEAD, what the other backend takes in place of each field (the line that refuses it there).
 BACKENDS: Registry[type] = Registry("backend")
 
 
 @BACKENDS.register("embedded")
 @dataclass
 class EmbeddedOptions:
-    """The embedded backend (bapo_vl/backends/embedded.py): one process, CPU or one CUDA GPU, transformers models;
-    `bapo train` runs it in-process (bapo_vl.train.train)."""
+    """options of the embedded backend (backend=embedded)
+
+    bapo_vl/backends/embedded.py: one process, CPU or one CUDA GPU, transformers models; `bapo train` runs it
+    in-process (bapo_vl.train.train)."""
     LAUNCH: ClassVar[str] = "bapo_vl.train:train"
     INSTEAD: ClassVar[dict[str, str]] = {
         "rollout_engine": "verl samples with its own engine: verl.actor_rollout_ref.rollout.name",
@@ -137,7 +112,6 @@ class EmbeddedOptions:
                             "(verl.actor_rollout_ref.actor.fsdp_config.mixed_precision)"),
     }
 
-    # --- embedded backend (backend=embedded) ---
     rollout_engine: str = within("auto", ROLLOUT_ENGINES)
     """what samples rollouts: auto (vllm for a text model on cuda when it is installed, else transformers) |
     transformers | vllm (the [vllm] extra)"""
@@ -163,14 +137,15 @@ class EmbeddedOptions:
 @BACKENDS.register("verl")
 @dataclass
 class VerlOptions:
-    """The verl backend (bapo_vl/backends/verl_backend.py): verl 0.9.1's Ray workers, FSDP actor and vLLM engine,
-    driven by the same trainer, on one or more GPUs and nodes; started by bapo_vl.verl_launch.launch."""
+    """options of the verl backend (backend=verl)
+
+    bapo_vl/backends/verl_backend.py: verl 0.9.1's Ray workers, FSDP actor and vLLM engine, driven by the same
+    trainer, on one or more GPUs and nodes; started by bapo_vl.verl_launch.launch."""
     LAUNCH: ClassVar[str] = "bapo_vl.verl_launch:launch"
     INSTEAD: ClassVar[dict[str, str]] = {
         "verl": "verl.* keys set verl's own config: add backend=verl (the verl_* presets set it), or drop them"}
 
-    # --- verl backend (backend=verl) ---
-    verl: dict = field(default_factory=dict, metadata={"dotted": True})
+    overrides: dict = field(default_factory=dict, metadata={"dotted": True, "key": "verl"})
     """overrides of verl's ppo_trainer config, dotted keys, for how verl runs the steps (parallelism, memory,
     engine), e.g. {trainer.n_gpus_per_node: 8, actor_rollout_ref.rollout.gpu_memory_utilization: 0.4}. One key on the
     command line: verl.trainer.nnodes=2, its value as verl's (Hydra's) overrides read it. Each layer (preset,
@@ -178,12 +153,11 @@ class VerlOptions:
     batch size, sampling: verl_launch.derived_settings) is refused, naming the field to set instead"""
 
 
+# --- the groups of Config beside the backends' options --------------------------------------------------------------
+
 @dataclass
-class Config(EmbeddedOptions, VerlOptions):
-    """Every field is checked on creation (check_fields): its type from the annotation, its range or names from
-    `within`. So a preset, a --config file, `key=value` and Config(...) in Python all meet the same checks. Which
-    backend reads a field is checked where what was given is known (load_config, resume_config)."""
-    # --- run ---
+class RunSettings:
+    """what is trained and where its run is written"""
     task: str = "countdown"
     """task plugin name (`bapo tasks` lists them)"""
     task_options: dict = field(default_factory=dict)
@@ -212,13 +186,25 @@ class Config(EmbeddedOptions, VerlOptions):
     """auto | cpu | cuda"""
     backend: str = within("embedded", BACKENDS)
     """what runs the steps: embedded (one process, CPU or one GPU) | verl (Ray + FSDP + vLLM, one or more GPUs and
-    nodes: pip install -e ".[verl]"; the verl_* presets set it). Each reads the fields of its section below and
-    refuses the other's, naming what it takes instead"""
+    nodes: pip install -e ".[verl]"; the verl_* presets set it). Each reads its own group of fields (embedded,
+    verl) and refuses the other's, naming what it takes instead"""
     algo: str = within("bapo", ALGOS)
-    """preset of the fields below (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 | ba_ppo | mini_test |
-    grpo_replay"""
+    """a preset of bapo, optim and loss fields (ALGOS): bapo | grpo | grpo_v5 | dapo | bapo_no_x2 | bapo_no_x3 |
+    ba_ppo | mini_test | grpo_replay"""
+    log_samples: int = within(4, Range(ge=0))
+    """responses kept per step in the run record"""
+    save_every: int = within(0, Range(ge=0))
+    """checkpoint every N steps (0: only at the end)"""
+    keep_checkpoints: int = within(2, Range(ge=0), "0 = keep all")
+    """checkpoints kept: the newest N; an older one is removed once a newer one is written whole. 2 leaves one to
+    fall back to if the newest is damaged; 0 = keep all"""
+    report_to: list[str] = within([], SINKS)
+    """extra scalar sinks: tensorboard, wandb"""
 
-    # --- sampling ---
+
+@dataclass
+class SamplingSettings:
+    """the rollouts: how many, and how they are sampled"""
     batch_size: int = within(256, Range(ge=1))
     """B: prompts sampled per step, also the training batch capacity and B_bad's capacity"""
     group_size: int = within(8, Range(ge=2), "GRPO needs a group; e.g. group_size=8")
@@ -233,8 +219,15 @@ class Config(EmbeddedOptions, VerlOptions):
     """tokens, images included; a longer prompt is an error"""
     max_response_length: int = within(8192, Range(ge=1))
     """tokens generated per response at most"""
+    min_pixels: int = within(3136, Range(ge=1))
+    """the processor resizes each image to between min_pixels and max_pixels pixels"""
+    max_pixels: int = within(1003520, Range(ge=1))
+    """see min_pixels"""
 
-    # --- BAPO batch adaptation ---
+
+@dataclass
+class BapoSettings:
+    """BAPO's batch adaptation (the trainer's, bapo_vl/trainer.py)"""
     delay: int = within(5, Range(ge=1), "delay=1 is on-policy")
     """v: the rollout policy is synchronised with the trainer every v steps (v=1: on-policy)"""
     online_filter: str = within("range", ONLINE_FILTERS)
@@ -268,7 +261,10 @@ class Config(EmbeddedOptions, VerlOptions):
     dynamic_sampling_rounds: int = within(0, Range(ge=0))
     """DAPO: generate until B groups with 0 < mu < 1, at most this many rounds (0 = off)"""
 
-    # --- optimisation ---
+
+@dataclass
+class OptimSettings:
+    """the policy update: optimizer, schedule, advantages, critic"""
     lr: float = within(1e-6, Range(gt=0))
     """peak learning rate of the policy (AdamW)"""
     lr_schedule: str = within("constant", LR_SCHEDULES)
@@ -286,70 +282,78 @@ class Config(EmbeddedOptions, VerlOptions):
     mini_batch_size: int = within(64, Range(ge=1))
     """prompts (groups) per optimizer step at most: a batch of n groups takes ceil(n / mini_batch_size) optimizer
     steps on near-equal shares (bapo_vl.optim.mini_batches; verl trains on whole mini-batches only)"""
-    # loss defaults are declared once, in loss_config.LossConfig; so are their docs (field_docs reads them there)
-    loss: str = within(LossConfig.name, POLICY_LOSSES)
-    """policy loss: ppo_clip | gspo | balanced_clip"""
-    clip_low: float = LossConfig.clip_low
-    clip_high: float = LossConfig.clip_high
-    dual_clip: float | None = LossConfig.dual_clip
-    loss_agg: str = within(LossConfig.agg, AGG_MODES)
-    """token-mean | seq-mean-token-mean | seq-mean-token-sum"""
-    kl_coef: float = within(LossConfig.kl_coef, Range(ge=0))
-    entropy_coef: float = LossConfig.entropy_coef
-    bac_clip_low_range: tuple[float, float] = LossConfig.bac_clip_low_range
-    bac_clip_high_range: tuple[float, float] = LossConfig.bac_clip_high_range
-    bac_target: float = LossConfig.bac_target
-    bac_step: float = LossConfig.bac_step
-    bac_dual_clip: float = LossConfig.bac_dual_clip
+    tis_threshold: float | None = within(None, Range(gt=0))
+    """[code] token-level truncated importance sampling threshold (3 in the authors' code); None = off"""
+    adv_eps: float = within(1e-6, Range(gt=0))
+    """ε of the GRPO advantage (r - mean) / sqrt(std^2 + ε)"""
     critic: bool = False
     """BA-PPO (paper A.9): a learned critic and GAE (gamma = lam = 1) instead of GRPO's group baseline"""
     critic_lr: float = within(1e-5, Range(gt=0))
     """critic: learning rate of the value model"""
     value_clip: float = within(0.5, Range(gt=0))
     """critic: clipped value loss, |V − V_old| <= value_clip"""
-    tis_threshold: float | None = within(None, Range(gt=0))
-    """[code] token-level truncated importance sampling threshold (3 in the authors' code); None = off"""
-    adv_eps: float = within(1e-6, Range(gt=0))
-    """ε of the GRPO advantage (r - mean) / sqrt(std^2 + ε)"""
 
-    # --- images (vision-language models) ---
-    min_pixels: int = within(3136, Range(ge=1))
-    """the processor resizes each image to between min_pixels and max_pixels pixels"""
-    max_pixels: int = within(1003520, Range(ge=1))
-    """see min_pixels"""
 
-    # --- record ---
-    log_samples: int = within(4, Range(ge=0))
-    """responses kept per step in the run record"""
-    save_every: int = within(0, Range(ge=0))
-    """checkpoint every N steps (0: only at the end)"""
-    keep_checkpoints: int = within(2, Range(ge=0), "0 = keep all")
-    """checkpoints kept: the newest N; an older one is removed once a newer one is written whole. 2 leaves one to
-    fall back to if the newest is damaged; 0 = keep all"""
-    report_to: list[str] = within([], SINKS)
-    """extra scalar sinks: tensorboard, wandb"""
+@dataclass
+class Config:
+    """Every field is checked on creation (check_fields): its type from the annotation, its range or names from
+    `within`. So a preset, a --config file, `key=value` and Config in Python all meet the same checks. Which
+    backend reads a field is checked where what was given is known (load_config, resume_config)."""
+    run: RunSettings = field(default_factory=RunSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    bapo: BapoSettings = field(default_factory=BapoSettings)
+    optim: OptimSettings = field(default_factory=OptimSettings)
+    loss: LossConfig = field(default_factory=LossConfig)  # its fields and their docs are declared in loss_config
+    embedded: EmbeddedOptions = field(default_factory=EmbeddedOptions)  # a group per backend, named as in BACKENDS
+    verl: VerlOptions = field(default_factory=VerlOptions)
 
     def __post_init__(self):
         check_fields(self)
-        check_run_name(self.name)
-        if self.min_pixels > self.max_pixels:
-            raise ConfigError(f"min_pixels={self.min_pixels} is above max_pixels={self.max_pixels}", "min_pixels")
-        try:
-            self.loss_config()  # LossConfig checks its own settings (dual_clip > 1, ...)
-        except ValueError as e:
-            raise ConfigError(str(e).replace("LossConfig.", "")) from None
+        check_run_name(self.run.name)
+        if self.sampling.min_pixels > self.sampling.max_pixels:
+            raise ConfigError(f"min_pixels={self.sampling.min_pixels} is above max_pixels={self.sampling.max_pixels}",
+                              "min_pixels")
 
-    def loss_config(self, **extra) -> LossConfig:
-        """The loss settings as the loss functions take them (`extra`: e.g. bac_reduce)."""
-        shared = {k: getattr(self, k) for k in SHARED_LOSS_FIELDS}
-        return LossConfig(name=self.loss, agg=self.loss_agg, **shared, **extra)
+    @classmethod
+    def from_dict(cls, values: dict) -> Config:
+        """The Config of flat {key: value} (FIELDS' keys, as key=value, presets and run records name the fields);
+        the fields not given keep their defaults."""
+        for key in values:
+            if key not in FIELDS:
+                raise unknown_key(str(key))
+        # converted before the groups are built: LossConfig checks its values as it is created
+        values = {key: check_field(FIELDS[key], values[key]) for key in checking_order(values)}
+        groups = {}
+        for group, settings in GROUPS.items():
+            given = {f.name: values[key_of(f)] for f in fields_of(settings) if key_of(f) in values}
+            try:
+                groups[group] = settings(**given)
+            except ValueError as e:  # LossConfig's own checks (dual_clip > 1, ...)
+                raise ConfigError(str(e).replace("LossConfig.", "")) from None
+        return cls(**groups)
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        """{key: value} of every field, flat: the form from_dict reads and run records keep."""
+        return {key: copy.deepcopy(getattr(getattr(self, GROUP_OF[key]), f.name)) for key, f in FIELDS.items()}
 
 
-FIELDS = {f.name: f for f in dataclasses.fields(Config)}
-BACKEND_OF = {f.name: name for name, options in BACKENDS.items() for f in dataclasses.fields(options)}
+def key_of(f: dataclasses.Field) -> str:
+    """A field's key: its name in key=value, presets and run records (its attribute name unless it declares one)."""
+    return f.metadata.get("key", f.name)
+
+
+def fields_of(settings) -> list[dataclasses.Field]:
+    """The config fields of a group (not LossConfig's bac_reduce, which is set where the loss runs)."""
+    return [f for f in dataclasses.fields(settings) if f.metadata.get("setting", True)]
+
+
+GROUPS = {f.name: f.default_factory for f in dataclasses.fields(Config)}  # group -> its dataclass
+FIELDS = {key_of(f): f for settings in GROUPS.values() for f in fields_of(settings)}
+GROUP_OF = {key_of(f): group for group, settings in GROUPS.items() for f in fields_of(settings)}
+BACKEND_OF = {key: group for key, group in GROUP_OF.items() if group in BACKENDS}  # a backend's options' keys
+_keys = [key_of(f) for settings in GROUPS.values() for f in fields_of(settings)]
+assert len(_keys) == len(FIELDS), f"a key names two fields: {sorted({k for k in _keys if _keys.count(k) > 1})}"
+assert set(BACKENDS) <= set(GROUPS), "each backend's options are Config's group of the backend's name"
 
 
 # --- field checks: the type from the annotation, the range or names from `within` --------------------------------
@@ -423,21 +427,21 @@ def _annotation(f: dataclasses.Field) -> tuple[str, list[str], bool]:
 def check_field(f: dataclasses.Field, value):
     """`value` as field `f` takes it, or a ConfigError naming the key, the value and what the field takes."""
     kind, items, optional = _annotation(f)
+    key = key_of(f)
     if value is None and optional:
         return None
     try:
         value = CONVERT[kind](value, items)
     except (TypeError, ValueError, OverflowError):
-        example = f"; e.g. {f.name}=[{value}]" if kind == "list" and isinstance(value, str) else ""
+        example = f"; e.g. {key}=[{value}]" if kind == "list" and isinstance(value, str) else ""
         or_null = " or null" if optional else ""
-        raise ConfigError(f"{f.name}={shorten(value)}: must be {TYPE_WORDS[kind]}{or_null}{example}",
-                          f.name) from None
+        raise ConfigError(f"{key}={shorten(value)}: must be {TYPE_WORDS[kind]}{or_null}{example}", key) from None
     accepted, hint = f.metadata.get("accepted"), f.metadata.get("hint")
     each = isinstance(value, (list, tuple))
     if accepted is not None and not all(v in accepted for v in (value if each else [value])):
         what = (f"{'each must' if each else 'must'} be {accepted}" if isinstance(accepted, Range)
                 else f"choose {'from' if each else 'one of'} {', '.join(accepted)}")
-        raise ConfigError(f"{f.name}={value!r}: {what}" + (f" ({hint})" if hint else ""), f.name)
+        raise ConfigError(f"{key}={value!r}: {what}" + (f" ({hint})" if hint else ""), key)
     return value
 
 
@@ -460,43 +464,34 @@ def check_run_name(name: str | None) -> None:
                           "one", "name")
 
 
+def checking_order(keys) -> list[str]:
+    """Keys with the registry-named fields last: reading a registry may import what its entries need (policy losses:
+    torch), so a mistake in any other field is reported before that wait."""
+    return sorted(keys, key=lambda key: isinstance(FIELDS[key].metadata.get("accepted"), Registry))
+
+
 def check_fields(cfg: Config) -> None:
     """Every field of cfg checked (and converted: YAML's "1e-6" to a float, a list to a pair) in place."""
-    # registry-named fields last: reading a registry may import what its entries need (policy losses: torch), so
-    # a mistake in any other field is reported before that wait
-    for f in sorted(dataclasses.fields(cfg), key=lambda f: isinstance(f.metadata.get("accepted"), Registry)):
-        setattr(cfg, f.name, check_field(f, getattr(cfg, f.name)))
+    for key in checking_order(FIELDS):
+        group, name = getattr(cfg, GROUP_OF[key]), FIELDS[key].name
+        setattr(group, name, check_field(FIELDS[key], getattr(group, name)))
 
 
 # --- field docs: the string literal after each field (an attribute docstring), read from the source ------------
 
-SECTION = re.compile(r"\s*# --- (.+?) ---")
-
-
 @functools.cache
-def _attribute_docs(cls) -> tuple[dict[str, str], dict[str, str]]:
-    """({field: doc}, {field: section}) of a dataclass: a field's doc is the string literal right after it,
-    its section the last `# --- name ---` comment above it (comments are not in the AST: read the lines)."""
-    source = inspect.getsource(cls)
-    lines, body = source.splitlines(), ast.parse(source).body[0].body
-    docs, sections = {}, {}
-    for node, after in zip(body, [*body[1:], None]):
-        if not (isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)):
-            continue
-        name = node.target.id
-        if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
-            docs[name] = " ".join(inspect.cleandoc(after.value.value).split())
-        headings = [m.group(1) for line in lines[:node.lineno - 1] if (m := SECTION.match(line))]
-        sections[name] = headings[-1] if headings else ""
-    return docs, sections
+def _attribute_docs(cls) -> dict[str, str]:
+    """{attribute: doc} of a dataclass: a field's doc is the string literal right after it."""
+    body = ast.parse(inspect.getsource(cls)).body[0].body
+    return {node.target.id: " ".join(inspect.cleandoc(after.value.value).split())
+            for node, after in zip(body, [*body[1:], None])
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str)}
 
 
 def field_docs() -> dict[str, str]:
-    """{field: doc} of Config and the backends' options; the loss fields without a doc of their own take
-    LossConfig's."""
-    loss_docs = {k: doc for k, doc in _attribute_docs(LossConfig)[0].items() if k in SHARED_LOSS_FIELDS}
-    own = {k: doc for cls in (Config, *BACKENDS.values()) for k, doc in _attribute_docs(cls)[0].items()}
-    return {**loss_docs, **own}
+    """{key: doc} of every field, read where its group declares it (the loss fields in LossConfig)."""
+    return {key: _attribute_docs(GROUPS[GROUP_OF[key]]).get(f.name, "") for key, f in FIELDS.items()}
 
 
 def field_default(f: dataclasses.Field):
@@ -510,23 +505,19 @@ def as_override(value) -> str:
 
 
 def config_help() -> str:
-    """Every Config field with its default and doc, grouped by section (the epilog of `bapo train --help`)."""
+    """Every Config field with its default and doc, a section per group (the epilog of `bapo train --help`)."""
     docs = field_docs()
-    sections = {k: section for cls in (Config, *BACKENDS.values()) for k, section in _attribute_docs(cls)[1].items()}
     tiny = read_config_file(PRESET_DIR / "tiny.yaml")  # what a plain `bapo train` runs
-    listed = [f for f in dataclasses.fields(Config) if f.name not in BACKEND_OF]  # Config's own, then each backend's
-    listed += [f for options in BACKENDS.values() for f in dataclasses.fields(options)]
-    rows = [(sections[f.name], f"{f.name}={as_override(field_default(f))}",
-             (f"[tiny: {as_override(tiny[f.name])}] " if f.name in tiny else "") + docs.get(f.name, ""))
-            for f in listed]
+    rows = [(GROUP_OF[key], f"{key}={as_override(field_default(f))}",
+             (f"[tiny: {as_override(tiny[key])}] " if key in tiny else "") + docs[key]) for key, f in FIELDS.items()]
     width = min(max(len(key) for _, key, _ in rows), 32)
     out = ["config fields, key=value, with Config's defaults. A plain `bapo train` runs the tiny preset, which sets "
            "those marked [tiny: ...] (e.g. steps=60 batch_size=32); --preset picks another, algo= changes some more:"]
     section = None
-    for row_section, key, doc in rows:
-        if row_section != section:
-            section = row_section
-            out.append(f"\n{section}:")
+    for group, key, doc in rows:
+        if group != section:
+            section = group
+            out.append(f"\n{group}: {inspect.getdoc(GROUPS[group]).splitlines()[0]}")
         if len(key) > width and doc:
             key += "\n  " + " " * width  # too long for the column: the doc goes on the next line
         out.append(f"  {key:{width}s}  {doc}".rstrip())
@@ -534,9 +525,11 @@ def config_help() -> str:
 
 
 def unknown_key(key: str, where: str = "") -> UnknownKey:
+    group, _, name = key.partition(".")
     close = difflib.get_close_matches(key, FIELDS, n=3)
-    return UnknownKey(f"{where}unknown config key {shorten(key)}"
-                      + (f"; did you mean {' or '.join(close)}?" if close else "; `bapo train --help` lists them"), key)
+    hint = (f"; keys are flat: {name}=" if group in GROUPS and name in FIELDS  # bapo.delay: what Python reads
+            else f"; did you mean {' or '.join(close)}?" if close else "; `bapo train --help` lists them")
+    return UnknownKey(f"{where}unknown config key {shorten(key)}{hint}", key)
 
 
 def parse_overrides(overrides: list[str]) -> list[tuple[str, Any]]:
@@ -637,7 +630,7 @@ def load_config(preset: str | None = None, file: str | None = None, overrides: l
     for key in [*ALGOS[algo], *dict(pairs)]:
         origin.pop(key, None)
     try:
-        cfg = Config(**values)
+        cfg = Config.from_dict(values)
         check_backend_options(cfg, given | set(dict(pairs)))
         return cfg
     except ConfigError as e:
@@ -647,11 +640,12 @@ def load_config(preset: str | None = None, file: str | None = None, overrides: l
 
 
 def check_backend_options(cfg: Config, given) -> None:
-    """A field of the keys `given` that only another backend reads is refused: one line naming what cfg.backend
+    """A field of the keys `given` that only another backend reads is refused: one line naming what the run's backend
     takes instead."""
-    key = next((k for k in FIELDS if k in given and BACKEND_OF.get(k, cfg.backend) != cfg.backend), None)
+    backend = cfg.run.backend
+    key = next((k for k in FIELDS if k in given and BACKEND_OF.get(k, backend) != backend), None)
     if key is not None:
-        raise ConfigError(f"{key}={shorten(getattr(cfg, key))}: the {cfg.backend} backend does not use it; "
+        raise ConfigError(f"{key}={shorten(cfg.to_dict()[key])}: the {backend} backend does not use it; "
                           f"{BACKENDS[BACKEND_OF[key]].INSTEAD[key]}", key)
 
 
@@ -681,6 +675,6 @@ def resume_config(run_dir, overrides: list[str] = ()) -> Config:
     values, pairs = recorded_config(run_dir), parse_overrides(overrides)
     for key, value in pairs:
         merge(values, key, value)
-    cfg = Config(**{**values, "resume": str(run_dir)})
+    cfg = Config.from_dict({**values, "resume": str(run_dir)})
     check_backend_options(cfg, set(dict(pairs)))
     return cfg

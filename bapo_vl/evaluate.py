@@ -75,7 +75,7 @@ class EvalOptions:
     max_new_tokens: int | None = None
     """response length limit; default: the run's (or preset's) max_response_length, within the model's positions"""
     batch_size: int | None = None
-    """sequences per generate call; default: Config.generate_batch_size"""
+    """sequences per generate call; default: generate_batch_size (EmbeddedOptions)"""
     device: str = "auto"
     seed: int = 0
     tasks_dirs: list = field(default_factory=list)
@@ -177,7 +177,7 @@ def preset_config(model: str, task: str) -> dict:
         if not set(yaml.safe_load(path.read_text()) or {}) <= set(CONFIG_FIELDS):
             continue
         cfg = load_config(path.stem)
-        if cfg.task == task and _same_model(resolve_model(cfg.model)) == wanted:
+        if cfg.run.task == task and _same_model(resolve_model(cfg.run.model)) == wanted:
             return cfg.to_dict()
     return {}
 
@@ -222,17 +222,18 @@ def eval_config(opts: EvalOptions, model: str, defaults: dict) -> Config:
         fields["max_response_length"] = opts.max_new_tokens
     if opts.batch_size is not None:
         fields["generate_batch_size"] = opts.batch_size
-    cfg = Config(**fields)
-    prompt, response = fit_lengths(cfg.max_prompt_length, cfg.max_response_length, model_positions(model),
-                                   opts.max_new_tokens is not None)
-    return dataclasses.replace(cfg, max_prompt_length=prompt, max_response_length=response)
+    cfg = Config.from_dict(fields)
+    prompt, response = fit_lengths(cfg.sampling.max_prompt_length, cfg.sampling.max_response_length,
+                                   model_positions(model), opts.max_new_tokens is not None)
+    return dataclasses.replace(cfg, sampling=dataclasses.replace(cfg.sampling, max_prompt_length=prompt,
+                                                                 max_response_length=response))
 
 
 def load_backend(cfg: Config, checkpoint: Path | None) -> Backend:
     """The embedded backend holding one copy of the policy (a checkpoint's weights when given)."""
-    from bapo_vl.backends.embedded import EmbeddedBackend
+    from bapo_vl.train import make_backend
 
-    backend = EmbeddedBackend(cfg)
+    backend = make_backend(cfg)
     if checkpoint is not None:
         backend.load_checkpoint(checkpoint, policy_only=True)
     return backend
@@ -369,13 +370,13 @@ def run_eval(opts: EvalOptions) -> dict:
     s = setup(opts)
     backend = load_backend(s.cfg, s.checkpoint_dir)
     per_set = evaluate(backend, s.task, s.sets, opts.k, quiet=opts.quiet, greedy=opts.temperature == 0,
-                       per_call=max(1, s.cfg.generate_batch_size // opts.k))
+                       per_call=max(1, s.cfg.embedded.generate_batch_size // opts.k))
     checkpoint = int(s.checkpoint_dir.name.removeprefix("step_")) if s.checkpoint_dir is not None else None
     result = {
         "model": opts.model, "policy": s.model if s.checkpoint_dir is None else str(s.checkpoint_dir),
         "checkpoint": checkpoint, "task": s.task.name, "task_origin": s.task.origin,
         "verifier_version": s.task.version, "splits": list(s.sets), "options": s.options,
-        "k": opts.k, "temperature": opts.temperature, "max_new_tokens": s.cfg.max_response_length,
+        "k": opts.k, "temperature": opts.temperature, "max_new_tokens": s.cfg.sampling.max_response_length,
         "seed": opts.seed, "sets": per_set, "average": average(per_set),
         "run": None, "step": None, "not_recorded": None, "seconds": None,
     }

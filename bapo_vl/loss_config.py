@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from bapo_vl.fields import Range, within
 from bapo_vl.registry import Registry
 
 if TYPE_CHECKING:
@@ -17,7 +18,8 @@ AGG_MODES = ("token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
 
 @dataclass
 class LossConfig:
-    name: str = "ppo_clip"
+    """the policy loss and its terms, as the loss functions (bapo_vl/losses.py) take them"""
+    name: str = within("ppo_clip", POLICY_LOSSES, key="loss")
     """registered policy loss (see `policy_loss_names()`): ppo_clip | gspo | balanced_clip"""
     clip_low: float = 0.2
     """ε_low: the ratio's lower bound is 1 − ε_low (ppo_clip, gspo; GSPO's paper uses 3e-4)"""
@@ -25,9 +27,9 @@ class LossConfig:
     """ε_high: the ratio's upper bound is 1 + ε_high (DAPO clip-higher: 0.28; GSPO's paper uses 4e-4)"""
     dual_clip: float | None = None
     """c of dual-clip PPO: the loss of a negative-advantage token is capped at −A·c (e.g. 3.0); None = off"""
-    agg: str = "token-mean"
+    agg: str = within("token-mean", AGG_MODES, key="loss_agg")
     """loss aggregation: token-mean (DAPO) | seq-mean-token-mean (original GRPO) | seq-mean-token-sum"""
-    kl_coef: float = 0.001
+    kl_coef: float = within(0.001, Range(ge=0))
     """β: weight of the k3 estimate of KL(π_θ ‖ π_ref)"""
     entropy_coef: float = 0.001
     """weight of the entropy bonus (subtracted from the loss)"""
@@ -41,8 +43,10 @@ class LossConfig:
     """balanced_clip: step by which c_low, then c_high, is raised"""
     bac_dual_clip: float = 3.0
     """balanced_clip: dual-clip c for negative advantages"""
-    bac_reduce: Callable[[Tensor], Tensor] | None = field(default=None, repr=False, compare=False)
-    """balanced_clip: sums pos/neg statistics across data-parallel ranks (see `all_reduce_sum`); None = local only"""
+    bac_reduce: Callable[[Tensor], Tensor] | None = field(default=None, repr=False, compare=False,
+                                                          metadata={"setting": False})
+    """balanced_clip: sums pos/neg statistics across data-parallel ranks (see `all_reduce_sum`); None = local only.
+    Set where the loss runs, not a config setting"""
 
     def __post_init__(self):
         if self.agg not in AGG_MODES:

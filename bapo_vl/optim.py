@@ -5,7 +5,7 @@ Mini-batches. A BAPO batch holds a varying number n of groups (X1 + X2 + X3). Cu
 mean, weighs as much as a full step: mostly noise. `mini_batches` splits n groups into ceil(n / mini_batch_size)
 mini-batches whose sizes differ by at most one group, so every optimizer step of a training step sees an equal share.
 
-Learning rate. A factor of `lr` per training step t = 1..T (`Config.steps`): a linear warm-up over the first W steps
+Learning rate. A factor of `lr` per training step t = 1..T (`steps`): a linear warm-up over the first W steps
 (t / W), then constant, linear or cosine decay from 1 to `min_lr_ratio` at step T.
 """
 from __future__ import annotations

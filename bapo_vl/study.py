@@ -1,5 +1,5 @@
 """The algorithm-neutral study: a grid of entries x seeds on one task and model, every run stopped at the same
-rollout budget (Config.max_rollouts), every checkpoint judged by the same held-out evaluation (`bapo eval`'s code).
+rollout budget (max_rollouts), every checkpoint judged by the same held-out evaluation (`bapo eval`'s code).
 
     python scripts/study.py --algos grpo,dapo,bapo --seeds 0,1,2 --budget 30720 --k 8 --final-k 32 device=cuda
 
@@ -235,7 +235,7 @@ class StudyOptions:
     """table, plots, results.json; default docs/study/<model name>"""
     eval_seed: int = 0
     eval_batch_size: int | None = None
-    """sequences per generate call in evaluations (default Config.generate_batch_size)"""
+    """sequences per generate call in evaluations (default: generate_batch_size, EmbeddedOptions)"""
     baseline: str = "grpo"
     """the entry every other is compared with"""
     keep_checkpoints: bool = False
@@ -351,13 +351,14 @@ def evaluate_policy(opts: StudyOptions, cfg, model: str, checkpoint: int | None,
     code: the same numbers as `bapo eval --k K --seed SEED` (and `--temperature 0`), so two evaluations with one
     (k, seed) are paired by prompt and sampling seed whatever else was evaluated before them."""
     k = opts.k if k is None else k
-    common = dict(model=model, checkpoint=checkpoint, task=cfg.task, splits=[opts.split], source=opts.source,
-                  template=cfg.task_options.get("template"), limit=opts.limit, options={},
-                  max_new_tokens=cfg.max_response_length, batch_size=opts.eval_batch_size, device=cfg.device,
-                  seed=seed, tasks_dirs=list(cfg.tasks_dirs), quiet=True)
+    run = cfg.run
+    common = dict(model=model, checkpoint=checkpoint, task=run.task, splits=[opts.split], source=opts.source,
+                  template=run.task_options.get("template"), limit=opts.limit, options={},
+                  max_new_tokens=cfg.sampling.max_response_length, batch_size=opts.eval_batch_size,
+                  device=run.device, seed=seed, tasks_dirs=list(run.tasks_dirs), quiet=True)
     s = setup(EvalOptions(**common, k=k, temperature=1.0))
     backend = load_backend(s.cfg, s.checkpoint_dir)  # once for both passes
-    per_call = s.cfg.generate_batch_size
+    per_call = s.cfg.embedded.generate_batch_size
     sampled = evaluate(backend, s.task, s.sets, k, quiet=True, per_call=max(1, per_call // k))[opts.split]
     row = {"mean@k": sampled["mean@k"], "pass@k": sampled["pass@k"], "n": sampled["n"],
            "counts": sampled["problems"]}
@@ -480,14 +481,14 @@ def run_study(opts: StudyOptions, say=print) -> dict:
         done = [r for other, *_ in start_evals if (r := ledger.get(other, None, 0)) is not None]
         same = [r for r in done if (r["k"], r["sample_seed"]) == (k, seed)]  # final_k = k: start_final is start
         if not same:
-            say(f"evaluating the start policy {cfg.model} ({name}: k={k}, seed {seed})")
+            say(f"evaluating the start policy {cfg.run.model} ({name}: k={k}, seed {seed})")
         found = ({key: same[0][key] for key in ("k", "sample_seed", "mean@k", "pass@k", "n", "counts")} if same else
-                 {"k": k, "sample_seed": seed, **evaluate_policy(opts, cfg, cfg.model, None, seed, k,
+                 {"k": k, "sample_seed": seed, **evaluate_policy(opts, cfg, cfg.run.model, None, seed, k,
                                                                  greedy=name == START)})
         if name != START:  # greedy is deterministic: the start's
             found |= {key: ledger.get(START, None, 0)[key] for key in ("greedy", "greedy_counts")}
         ledger.add({"entry": name, "seed": None, "budget": 0, "step": 0, "rollouts": 0, "optimizer_steps": 0,
-                    "train_seconds": 0.0, "device": device(cfg.device), **found})
+                    "train_seconds": 0.0, "device": device(cfg.run.device), **found})
     hard = hard_set(ledger.get(START_HARD, None, 0)["counts"])
     if opts.jobs > 1:  # every run in its own process; then the loop below finds everything in the ledger
         run_parallel(opts, [(e, s) for e in opts.algos for s in opts.seeds
@@ -507,7 +508,8 @@ def run_study(opts: StudyOptions, say=print) -> dict:
                 row = evaluate_row(opts, cfg, str(run_dir), step, opts.is_final(entry, budget))
                 record_evals(run_dir, step, row, hard, row["k"])  # first: a kill before the ledger line redoes both
                 ledger.add({"entry": entry, "seed": seed, "budget": budget, "step": step, "rollouts": rollouts,
-                            "optimizer_steps": updates, "train_seconds": train_seconds, "device": device(cfg.device),
+                            "optimizer_steps": updates, "train_seconds": train_seconds,
+                            "device": device(cfg.run.device),
                             **row})
                 if not opts.keep_checkpoints:
                     for old in [s for s in checkpoint_steps(run_dir) if s != step]:
@@ -539,7 +541,7 @@ def run_parallel(opts: StudyOptions, pairs: list[tuple[str, int]], say=print) ->
     naming every one that failed (the rows written stay: the same command again continues)."""
     logs = Path(opts.runs) / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    gpus = child_gpus(base_config(opts).device)
+    gpus = child_gpus(base_config(opts).run.device)
     # never more threads than this process has: tests pin it to 1, and a child's numbers then match this one's
     threads = str(max(1, min(torch.get_num_threads(), (os.cpu_count() or 1) // opts.jobs)))
     waiting, running, failed = list(enumerate(pairs)), {}, []
@@ -1136,7 +1138,7 @@ def plot(result: dict, opts: StudyOptions, out: Path, stats: dict) -> list[Path]
 
 
 def device(setting: str = "auto") -> str:
-    """What Config.device=`setting` runs on, in words: the GPU's name, or the CPU."""
+    """What device=`setting` runs on, in words: the GPU's name, or the CPU."""
     if setting != "cpu" and torch.cuda.is_available():
         return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}"
     return f"CPU ({platform.machine()}, {os.cpu_count()} cores)"

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from bapo_vl.backends.base import CheckpointError, load_checkpoint_file
-from bapo_vl.config import Config, ConfigError, as_override, one_line, recorded_config
+from bapo_vl.config import Config, ConfigError, RunSettings, as_override, one_line, recorded_config
 from bapo_vl.plugins import check_load_options, get_task
 from bapo_vl.record import (DB_NAME, FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, lock_run_dir, make_sinks,
                             query_ro)
@@ -40,14 +40,22 @@ class RunFailed(RuntimeError):
 
 
 def make_backend(cfg: Config):
-    """The embedded backend. Another backend's workers are built by its launcher (config.launcher), which passes
-    the backend to train()."""
-    if cfg.backend != "embedded":
-        raise ConfigError(f"backend={cfg.backend}: train() builds the embedded backend; start this run with "
-                          f"bapo_vl.config.launcher({cfg.backend!r}), as `bapo train` does", "backend")
+    """The embedded backend, given the groups it reads. Another backend's workers are built by its launcher
+    (config.launcher), which passes the backend to train()."""
+    if cfg.run.backend != "embedded":
+        raise ConfigError(f"backend={cfg.run.backend}: train() builds the embedded backend; start this run with "
+                          f"bapo_vl.config.launcher({cfg.run.backend!r}), as `bapo train` does", "backend")
     from bapo_vl.backends.embedded import EmbeddedBackend
 
-    return EmbeddedBackend(cfg)
+    return EmbeddedBackend(cfg.run.model, cfg.sampling, cfg.optim, cfg.loss, cfg.embedded, device=cfg.run.device,
+                           seed=cfg.run.seed, steps=cfg.run.steps, delay=cfg.bapo.delay)
+
+
+def make_trainer(cfg: Config, backend, task, problems) -> Trainer:
+    """The Trainer over `backend`, given the BAPO settings and what else of the config it reads."""
+    return Trainer(cfg.bapo, backend, task, problems, batch_size=cfg.sampling.batch_size,
+                   group_size=cfg.sampling.group_size, seed=cfg.run.seed, critic=cfg.optim.critic,
+                   adv_eps=cfg.optim.adv_eps)
 
 
 def record_rows(result: StepResult, log_samples: int):
@@ -107,11 +115,11 @@ def checkpoint_steps(run_dir: Path) -> list[int]:
     return sorted(int(n) for n in names if n.isdigit())
 
 
-def save_checkpoint(trainer: Trainer, run_dir: Path, step: int) -> Path:
+def save_checkpoint(trainer: Trainer, run_dir: Path, step: int, keep: int) -> Path:
     """The backend's weights/optimizer/random state and the trainer's BAPO state (buffers, thresholds, data
     position, versions) in checkpoints/step_N. Written into a hidden folder, synced to disk, then renamed: a
-    crash at any point leaves either the whole checkpoint or none. Then the older ones beyond
-    `keep_checkpoints` are removed."""
+    crash at any point leaves either the whole checkpoint or none. Then the older ones beyond the `keep` newest
+    (keep_checkpoints) are removed."""
     root = run_dir / "checkpoints"
     path, tmp = root / f"step_{step}", root / f".step_{step}.partial"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -134,7 +142,7 @@ def save_checkpoint(trainer: Trainer, run_dir: Path, step: int) -> Path:
         shutil.rmtree(path)
     os.replace(tmp, path)
     sync_folder(root)  # the new checkpoint's name is on disk before an older one's removal can be
-    prune_checkpoints(run_dir, step, trainer.cfg.keep_checkpoints)
+    prune_checkpoints(run_dir, step, keep)
     return path
 
 
@@ -165,7 +173,7 @@ def prune_checkpoints(run_dir: Path, newest: int, keep: int) -> None:
 
 def check_resumable(cfg: Config, run_dir: Path):
     """A resumed run continues with the config it was started with: only RESUME_MAY_CHANGE may differ."""
-    recorded = Config(**recorded_config(run_dir)).to_dict()
+    recorded = Config.from_dict(recorded_config(run_dir)).to_dict()
     given = cfg.to_dict()
     diff = [f"{k}: recorded {recorded[k]!r}, given {given[k]!r}" for k in recorded
             if k not in RESUME_MAY_CHANGE and recorded[k] != given.get(k)]
@@ -180,22 +188,23 @@ def open_run(cfg: Config, trainer: Trainer, problems) -> tuple[Path, RunRecord, 
     steps recorded after that checkpoint are dropped, since they are trained again, and the resume's changes
     (RESUME_RECORDS) are written into the recorded config. A run with no checkpoint starts again from step 0 with
     its record emptied of steps. The caller holds the lock."""
-    if cfg.resume:
-        run_dir = Path(cfg.resume)
+    run = cfg.run
+    if run.resume:
+        run_dir = Path(run.resume)
         start = load_newest_checkpoint(trainer, run_dir)
-        if cfg.steps < start:  # refused before the record would say steps=N of a run trained further
-            raise ConfigError(f"steps={cfg.steps}: {run_dir} is trained to step {start} already (checkpoint "
+        if run.steps < start:  # refused before the record would say steps=N of a run trained further
+            raise ConfigError(f"steps={run.steps}: {run_dir} is trained to step {start} already (checkpoint "
                               f"step_{start}); give steps >= {start}", "steps")
         given = cfg.to_dict()
         record = RunRecord.open(run_dir, truncate_after=start, config_changes={k: given[k] for k in RESUME_RECORDS},
-                                sinks=make_sinks(cfg.report_to, run_dir, given))
+                                sinks=make_sinks(run.report_to, run_dir, given))
         if start == 0:  # a run killed right after its record was created may lack its problems
             record.log_problems(problems)
         record.set_verifier(getattr(trainer.task, "version", ""), start + 1)
         return run_dir, record, start
-    run_dir = run_path(cfg)
+    run_dir = run_path(run)
     record = RunRecord.create(run_dir, cfg.to_dict(), name=run_dir.name, backend=trainer.backend.name,
-                              sinks=make_sinks(cfg.report_to, run_dir, cfg.to_dict()))
+                              sinks=make_sinks(run.report_to, run_dir, cfg.to_dict()))
     record.set_verifier(getattr(trainer.task, "version", ""), 1)
     record.log_problems(problems)
     return run_dir, record, 0
@@ -260,40 +269,40 @@ def check_model(model: str, key: str = "model=") -> None:
 HUB_DOWNLOAD = "hf download"  # huggingface_hub >= 1.0 (transformers 5 needs it) has `hf`; huggingface-cli is gone
 
 
-def check_start(cfg: Config, load_model: bool) -> None:
+def check_start(run: RunSettings, load_model: bool) -> None:
     """What can be checked before anything heavy loads (the task's data, the weights): the run directory, the
     task folders, the device and (`load_model`: the embedded backend will load it) the model."""
-    run_dir = run_path(cfg)
-    if not cfg.resume and (run_dir / DB_NAME).exists():
-        raise ConfigError(f"name={cfg.name}: {run_dir} already holds a run; choose another name=, or continue it "
+    run_dir = run_path(run)
+    if not run.resume and (run_dir / DB_NAME).exists():
+        raise ConfigError(f"name={run.name}: {run_dir} already holds a run; choose another name=, or continue it "
                           f"with resume={run_dir}", "name")
-    for folder in cfg.tasks_dirs:
+    for folder in run.tasks_dirs:
         if not Path(folder).is_dir():
             raise ConfigError(f"tasks_dirs: {folder} is not a folder (of task plugins); fix the path or drop it",
                               "tasks_dirs")
-    for sink in cfg.report_to:  # each sink is named after the package it writes with
+    for sink in run.report_to:  # each sink is named after the package it writes with
         try:
             importlib.import_module(sink)
         except ImportError:
             raise ConfigError(f"report_to={sink}: the {sink} package is not installed; pip install "
                               f"'bapo-vl[{sink}]', or drop {sink} from report_to", "report_to") from None
-    if cfg.device == "cuda" and not torch.cuda.is_available():
+    if run.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device=cuda: torch sees no CUDA GPU here; use device=cpu or device=auto", "device")
     if load_model:
-        check_model(cfg.model)
+        check_model(run.model)
 
 
-def load_problems(cfg: Config):
+def load_problems(run: RunSettings):
     """The task and its training problems; an option the task refuses names the task and task_options."""
-    where = f"task={cfg.task} task_options={as_override(cfg.task_options)}"
-    task = get_task(cfg.task, cfg.tasks_dirs)
-    check_load_options(task, cfg.task_options, where)
+    where = f"task={run.task} task_options={as_override(run.task_options)}"
+    task = get_task(run.task, run.tasks_dirs)
+    check_load_options(task, run.task_options, where)
     try:
-        problems = task.load(split="train", **cfg.task_options)
+        problems = task.load(split="train", **run.task_options)
     except (TypeError, ValueError, KeyError, FileNotFoundError) as e:
         raise ConfigError(f"{where}: {one_line(e)}", "task_options") from e
     if not problems:
-        source = cfg.task_options.get("source")
+        source = run.task_options.get("source")
         raise ConfigError(f"{where}: {source or 'the task'} gives no training problems"
                           + ("; give a data file with rows" if source else ""), "task_options")
     return task, problems
@@ -306,14 +315,14 @@ def check_prompt_lengths(cfg: Config, problems, n: int = 8) -> None:
     from bapo_vl.backends.embedded import PromptEncoder
     from bapo_vl.models import resolve_model
 
-    encode = PromptEncoder(resolve_model(cfg.model), cfg)
+    encode = PromptEncoder(resolve_model(cfg.run.model), cfg.sampling)
     by_text = sorted(problems, key=lambda p: len(str(p.messages)), reverse=True)[:n]
     by_pixels = sorted(problems, key=lambda p: sum(i.width * i.height for i in p.images or ()), reverse=True)[:n]
     for problem in {p.uid: p for p in by_text + by_pixels}.values():
         try:
             encode(problem)
         except ValueError as e:
-            raise ConfigError(f"task={cfg.task}: {one_line(e)}", "max_prompt_length") from None
+            raise ConfigError(f"task={cfg.run.task}: {one_line(e)}", "max_prompt_length") from None
 
 
 def close_run(record: RunRecord, lock, status: str) -> bool:
@@ -357,10 +366,10 @@ def learning_summary(run_dir: Path) -> str:
             f"promotions; {solved} of {hard} hard prompts (all wrong when first drawn) answered right later")
 
 
-def run_path(cfg: Config) -> Path:
-    if cfg.resume:
-        return Path(cfg.resume)
-    return Path(cfg.run_dir) / (cfg.name or f"{cfg.algo}-{cfg.task}-{time.strftime('%Y%m%d-%H%M%S')}")
+def run_path(run: RunSettings) -> Path:
+    if run.resume:
+        return Path(run.resume)
+    return Path(run.run_dir) / (run.name or f"{run.algo}-{run.task}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
@@ -370,18 +379,20 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()
-    if cfg.resume:
-        check_resumable(cfg, Path(cfg.resume))
-    cfg = dataclasses.replace(cfg, name=cfg.name or run_path(cfg).name)  # one timestamp for the whole run
-    check_start(cfg, load_model=backend is None)
-    task, problems = load_problems(cfg)
+    if cfg.run.resume:
+        check_resumable(cfg, Path(cfg.run.resume))
+    run = dataclasses.replace(cfg.run, name=cfg.run.name or run_path(cfg.run).name)  # one timestamp for the whole run
+    cfg = dataclasses.replace(cfg, run=run)
+    check_start(run, load_model=backend is None)
+    task, problems = load_problems(run)
     if backend is None:
         check_prompt_lengths(cfg, problems)
     backend = backend or make_backend(cfg)
     if not quiet and hasattr(backend, "engine"):  # auto picks the engine: say which one samples the rollouts
-        print(f"rollout engine: {backend.engine.name} (rollout_engine={cfg.rollout_engine})", file=sys.stderr, flush=True)
-    trainer = Trainer(cfg, backend, task, problems)
-    lock = lock_run_dir(run_path(cfg))  # held from here until the record is closed, released on every path
+        print(f"rollout engine: {backend.engine.name} (rollout_engine={cfg.embedded.rollout_engine})",
+              file=sys.stderr, flush=True)
+    trainer = make_trainer(cfg, backend, task, problems)
+    lock = lock_run_dir(run_path(run))  # held from here until the record is closed, released on every path
     try:
         run_dir, record, start = open_run(cfg, trainer, problems)
     except BaseException:
@@ -389,16 +400,16 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
         raise
     status, failure = "failed", None
     try:
-        progress = Progress(cfg.steps, start, quiet)
+        progress = Progress(run.steps, start, quiet)
         spent, last, idle = rollouts_spent(run_dir), start, 0
         try:
-            for t in range(start + 1, cfg.steps + 1):
-                if 0 < cfg.max_rollouts <= spent:  # the budget is spent: stop after the step that reached it
-                    log.info("max_rollouts=%d reached: %d rollouts after step %d", cfg.max_rollouts, spent, last)
+            for t in range(start + 1, run.steps + 1):
+                if 0 < run.max_rollouts <= spent:  # the budget is spent: stop after the step that reached it
+                    log.info("max_rollouts=%d reached: %d rollouts after step %d", run.max_rollouts, spent, last)
                     break
                 result = trainer.step(t)
                 m = result.metrics
-                rows, samples = record_rows(result, cfg.log_samples)
+                rows, samples = record_rows(result, run.log_samples)
                 record.log_step(t, {k: v for k, v in m.items() if k != "verdicts"}, groups=rows, samples=samples,
                                 verdicts=m["verdicts"])
                 progress.update(t, m)
@@ -409,12 +420,12 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
                                 "answer this task's prompts, or its verifier never pays (check model=, the prompt "
                                 "template and `bapo runs show %s`)", t - IDLE_STEPS + 1, t, m["fresh_reward"], run_dir)
                 spent, last = spent + m["rollouts"], t
-                if cfg.save_every and t % cfg.save_every == 0:
-                    save_checkpoint(trainer, run_dir, t)
+                if run.save_every and t % run.save_every == 0:
+                    save_checkpoint(trainer, run_dir, t, run.keep_checkpoints)
         finally:
             progress.close()
         if last > start:
-            save_checkpoint(trainer, run_dir, last)
+            save_checkpoint(trainer, run_dir, last, run.keep_checkpoints)
         backend.save_pretrained(run_dir / "final")
         status = "finished"
     except Exception as e:  # noqa: BLE001 - reported as RunFailed once the record says so; Ctrl-C passes as it is

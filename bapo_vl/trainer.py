@@ -138,16 +138,22 @@ class StepResult:
 
 
 class Trainer:
-    def __init__(self, cfg, backend: Backend, task, problems: list[Problem]):
-        self.cfg, self.backend, self.task = cfg, backend, task
-        self.sampler = PromptSampler(problems, cfg.seed)
+    """BAPO over a backend: `bapo` (config.BapoSettings) says how batches are adapted; B prompts of G responses each
+    (`batch_size`, `group_size`) are sampled per step; `seed` seeds the data order and BAPO's random choices; with
+    `critic` (BA-PPO) the backend computes the advantages, else GRPO's group baseline with `adv_eps` does."""
+
+    def __init__(self, bapo, backend: Backend, task, problems: list[Problem], *, batch_size: int, group_size: int,
+                 seed: int, critic: bool, adv_eps: float):
+        self.bapo, self.backend, self.task = bapo, backend, task
+        self.batch_size, self.group_size, self.critic, self.adv_eps = batch_size, group_size, critic, adv_eps
+        self.sampler = PromptSampler(problems, seed)
         self.state = BapoState(
-            bad=BadBuffer(capacity=cfg.batch_size),
-            high=HighBuffer(max_age=cfg.high_max_age, max_uids=cfg.high_max_uids),
-            thresholds=Thresholds(c1=cfg.c1, c2_range=cfg.c2_range, c3_range=cfg.c3_range),
-            rng=random.Random(cfg.seed),
+            bad=BadBuffer(capacity=batch_size),
+            high=HighBuffer(max_age=bapo.high_max_age, max_uids=bapo.high_max_uids),
+            thresholds=Thresholds(c1=bapo.c1, c2_range=bapo.c2_range, c3_range=bapo.c3_range),
+            rng=random.Random(seed),
         )
-        self.online_filter = get_filter(cfg.online_filter)
+        self.online_filter = get_filter(bapo.online_filter)
         # The one policy-version counter (backends count nothing): pi_theta's version = updates applied so far,
         # and the version alpha held at its last sync.
         self.updates = 0
@@ -163,7 +169,7 @@ class Trainer:
         image tensors are large (see `step`)."""
         prompts = [self.backend.encode(p) for p in problems]
         t0 = time.perf_counter()
-        outputs = self.backend.generate(prompts, self.cfg.group_size, policy=policy)
+        outputs = self.backend.generate(prompts, self.group_size, policy=policy)
         t1 = time.perf_counter()
         version = self.rollout_version if policy == "rollout" else self.updates
         texts = [[self.backend.decode(r.tokens) for r in responses] for responses in outputs]
@@ -181,23 +187,22 @@ class Trainer:
     def fresh_groups(self, step: int) -> tuple[list[Group], list[Group]]:
         """Steps 2-4: sample B prompts, generate with alpha, filter into X1. With DAPO's dynamic sampling,
         keep generating (at most `dynamic_sampling_rounds` rounds) until B groups pass the filter."""
-        cfg = self.cfg
         fresh, x1 = [], []
-        for _ in range(max(1, cfg.dynamic_sampling_rounds)):
-            groups = self.rollout(self.sampler.next(cfg.batch_size), step, "rollout", "fresh")
+        for _ in range(max(1, self.bapo.dynamic_sampling_rounds)):
+            groups = self.rollout(self.sampler.next(self.batch_size), step, "rollout", "fresh")
             fresh += groups
-            x1 += self.online_filter(groups, cfg, self.state.rng)
-            if len(x1) >= cfg.batch_size:
+            x1 += self.online_filter(groups, self.bapo, self.state.rng)
+            if len(x1) >= self.batch_size:
                 break
-        return fresh, x1[:cfg.batch_size]
+        return fresh, x1[:self.batch_size]
 
     def store(self, fresh: list[Group], step: int):
         """Step 3: mu <= c1 into B_bad; c2 <= mu <= c3 into B_high (which keeps only recent steps)."""
         th = self.state.thresholds
         for g in fresh:
-            if g.mu <= th.c1 and self.cfg.use_x2:
+            if g.mu <= th.c1 and self.bapo.use_x2:
                 self.state.bad.add(g)
-            if th.c2 <= g.mu <= th.c3 and self.cfg.use_x3:
+            if th.c2 <= g.mu <= th.c3 and self.bapo.use_x3:
                 self.state.high.add(g)
         self.state.high.evict_older_than(step)
 
@@ -205,23 +210,23 @@ class Trainer:
         """Step 5 (X2): every m steps, re-generate up to `reeval_max` B_bad prompts with the current policy
         and promote those now partly solved, at most `room` of them so the batch never exceeds B (the others
         stay in B_bad). Returns (all re-evaluated, promoted)."""
-        cfg = self.cfg
-        if not cfg.use_x2 or step % cfg.reeval_every != 0 or not len(self.state.bad):
+        bapo = self.bapo
+        if not bapo.use_x2 or step % bapo.reeval_every != 0 or not len(self.state.bad):
             return [], []
-        old = self.state.bad.oldest(cfg.reeval_max, exclude=exclude)
+        old = self.state.bad.oldest(bapo.reeval_max, exclude=exclude)
         if not old:
             return [], []
         # right after a sync alpha is pi_theta: generating with it spares a backend its temporary sync (verl)
         policy = "rollout" if self.rollout_version == self.updates else "current"
         new = self.rollout([g.problem for g in old], step, policy, "reevaluated")
-        promoted = [n for n, o in zip(new, old) if is_promoted(n, o, self.state.thresholds.c1, cfg.promote)]
+        promoted = [n for n, o in zip(new, old) if is_promoted(n, o, self.state.thresholds.c1, bapo.promote)]
         promoted = promoted[:max(room, 0)]
         self.state.bad.remove(g.uid for g in promoted)
         return new, promoted
 
     def replay(self, room: int, exclude: set) -> list[Group]:
         """Step 6 (X3): fill the batch up to B from B_high; no uid twice in a batch."""
-        if not self.cfg.use_x3:
+        if not self.bapo.use_x3:
             return []
         th = self.state.thresholds
         return sample_replay(self.state.high, room, th.c2, th.c3, exclude, self.state.rng)
@@ -234,7 +239,7 @@ class Trainer:
         for g in batch:  # replayed groups were stored without their encoding
             g.prompt = g.prompt if g.prompt is not None else self.backend.encode(g.problem)
         rewards = torch.tensor([g.rewards for g in batch], dtype=torch.float32)  # (n_groups, G)
-        adv = None if self.cfg.critic else grpo_advantages(rewards, eps=self.cfg.adv_eps)  # (n_groups, G)
+        adv = None if self.critic else grpo_advantages(rewards, eps=self.adv_eps)  # (n_groups, G)
         update = UpdateBatch(
             prompts=tuple(g.prompt for g in batch),
             responses=tuple(tuple(Response(tuple(s.tokens), tuple(s.logprobs)) for s in g.samples) for g in batch),
@@ -250,11 +255,11 @@ class Trainer:
     # --- one step (Algorithm 1) --------------------------------------------------------------------------------
 
     def step(self, t: int) -> StepResult:
-        cfg, th = self.cfg, self.state.thresholds
+        th = self.state.thresholds
         self.verdicts.clear()
         self.timings.clear()
         self.backend.timings.clear()
-        if t % cfg.delay == 0:  # 1. delayed rollout policy
+        if t % self.bapo.delay == 0:  # 1. delayed rollout policy
             t0 = time.perf_counter()
             self.backend.sync()
             self.rollout_version = self.updates
@@ -262,9 +267,9 @@ class Trainer:
         fresh, x1 = self.fresh_groups(t)  # 2, 4
         self.store(fresh, t)  # 3
         in_batch = {g.uid for g in x1}
-        reevaluated, x2 = self.revisit(t, exclude=in_batch, room=cfg.batch_size - len(x1))  # 5
+        reevaluated, x2 = self.revisit(t, exclude=in_batch, room=self.batch_size - len(x1))  # 5
         in_batch |= {g.uid for g in x2}
-        x3 = self.replay(cfg.batch_size - len(x1) - len(x2), exclude=in_batch)  # 6
+        x3 = self.replay(self.batch_size - len(x1) - len(x2), exclude=in_batch)  # 6
         batch = x1 + x2 + x3  # 7
         c2, c3 = th.c2, th.c3  # the thresholds this step used
         train_metrics = self.train_on(batch, t)  # 8, 9
@@ -275,13 +280,13 @@ class Trainer:
                                                                          c2, c3, train_metrics))
 
     def _metrics(self, t, fresh, x1, reevaluated, x2, x3, batch, c2, c3, train_metrics) -> dict:
-        G = self.cfg.group_size
+        G = self.group_size
         bins = [0] * (G + 1)
         for g in fresh:
             bins[min(g.correct, G)] += 1
         mean = lambda xs: sum(xs) / len(xs) if xs else 0.0
         return {
-            "step": t, "x1": len(x1), "x2": len(x2), "x3": len(x3), "batch_size": self.cfg.batch_size,
+            "step": t, "x1": len(x1), "x2": len(x2), "x3": len(x3), "batch_size": self.batch_size,
             "trained_groups": len(batch), "bad_size": len(self.state.bad), "high_size": len(self.state.high),
             "c1": self.state.thresholds.c1, "c2": c2, "c3": c3, "r_tot": self.state.thresholds.r_tot,
             "rollouts": G * (len(fresh) + len(reevaluated)), "rollouts_fresh": G * len(fresh),

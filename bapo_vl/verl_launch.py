@@ -30,25 +30,26 @@ def derived_settings(cfg: Config) -> dict[str, tuple[str, object]]:
     from bapo_vl.backends.verl_loss import actor_settings
     from bapo_vl.models import resolve_model
 
-    out = {f"actor_rollout_ref.actor.{k}": v for k, v in actor_settings(cfg).items()}
+    out = {f"actor_rollout_ref.actor.{k}": v for k, v in actor_settings(cfg.optim, cfg.loss).items()}
+    sampling = cfg.sampling
     rollout = "actor_rollout_ref.rollout."
     out.update({
         "trainer.use_v1": ("(BAPO needs the legacy trainer)", False),
         "algorithm.adv_estimator": ("(the Trainer computes GRPO advantages)", "grpo"),
         "critic.enable": ("critic (BA-PPO is embedded-only)", False),
-        "actor_rollout_ref.model.path": ("model", resolve_model(cfg.model)),  # bundled names as the embedded one
+        "actor_rollout_ref.model.path": ("model", resolve_model(cfg.run.model)),  # bundled names as the embedded one
         rollout + "calculate_log_probs": ("(BAPO needs behaviour log-probs)", True),
         "actor_rollout_ref.actor.calculate_entropy": ("(the run record's entropy column)", True),
-        rollout + "n": ("group_size", cfg.group_size),
-        rollout + "temperature": ("temperature", cfg.temperature),
-        rollout + "top_p": ("top_p", cfg.top_p),
-        rollout + "top_k": ("top_k", cfg.top_k),
-        rollout + "prompt_length": ("max_prompt_length", cfg.max_prompt_length),
-        rollout + "response_length": ("max_response_length", cfg.max_response_length),
-        "data.max_prompt_length": ("max_prompt_length", cfg.max_prompt_length),
-        "data.max_response_length": ("max_response_length", cfg.max_response_length),
-        "data.train_batch_size": ("batch_size", cfg.batch_size),
-        "trainer.total_training_steps": ("steps", cfg.steps),
+        rollout + "n": ("group_size", sampling.group_size),
+        rollout + "temperature": ("temperature", sampling.temperature),
+        rollout + "top_p": ("top_p", sampling.top_p),
+        rollout + "top_k": ("top_k", sampling.top_k),
+        rollout + "prompt_length": ("max_prompt_length", sampling.max_prompt_length),
+        rollout + "response_length": ("max_response_length", sampling.max_response_length),
+        "data.max_prompt_length": ("max_prompt_length", sampling.max_prompt_length),
+        "data.max_response_length": ("max_response_length", sampling.max_response_length),
+        "data.train_batch_size": ("batch_size", sampling.batch_size),
+        "trainer.total_training_steps": ("steps", cfg.run.steps),
         "reward.custom_reward_function.path": ("(our verifiers)", str(Path(verl_data.__file__))),
         "reward.custom_reward_function.name": ("(our verifiers)", "compute_score"),
     })
@@ -56,15 +57,15 @@ def derived_settings(cfg: Config) -> dict[str, tuple[str, object]]:
 
 
 def compose(cfg: Config):
-    """verl's ppo_trainer config (OmegaConf) for `cfg`: Hydra composes verl's defaults with cfg.verl, then every
-    derived setting is written in. A `verl.` key that our config decides is refused, naming the field to set."""
+    """verl's ppo_trainer config (OmegaConf) for `cfg`: Hydra composes verl's defaults with cfg.verl.overrides, then
+    every derived setting is written in. A `verl.` key that our config decides is refused, naming the field to set."""
     from hydra import compose as hydra_compose, initialize_config_dir
     from omegaconf import OmegaConf
 
     import verl
 
     derived = derived_settings(cfg)
-    for key in cfg.verl:
+    for key in cfg.verl.overrides:
         if key.lstrip("+") in derived:
             source = derived[key.lstrip("+")][0]
             name, _, note = source.partition(" ")
@@ -72,7 +73,7 @@ def compose(cfg: Config):
                               f"verl.{key} is set from our config: use {name}= instead" + (f" {note}" if note else ""),
                               "verl")
     # a value is Hydra's override text: a string as written (the command line's), others as YAML writes them
-    overrides = [f"{k}={v if isinstance(v, str) else as_override(v)}" for k, v in cfg.verl.items()]
+    overrides = [f"{k}={v if isinstance(v, str) else as_override(v)}" for k, v in cfg.verl.overrides.items()]
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         vcfg = hydra_compose(config_name="ppo_trainer", overrides=overrides)
     OmegaConf.set_struct(vcfg, False)
@@ -81,13 +82,21 @@ def compose(cfg: Config):
     return vcfg
 
 
+def make_verl_backend(cfg: Config, **workers):
+    """A VerlBackend over `workers` (verl_backend.build_verl_workers'), given the groups of `cfg` it reads."""
+    from bapo_vl.backends.verl_backend import VerlBackend
+
+    return VerlBackend(cfg.sampling, cfg.optim, cfg.loss, task_name=cfg.run.task, delay=cfg.bapo.delay,
+                       use_x2=cfg.bapo.use_x2, **workers)
+
+
 def run(cfg: Config, vcfg) -> Path:
     """The driver, inside the Ray task runner: bapo_vl.train.train over a VerlBackend of verl's real workers."""
-    from bapo_vl.backends.verl_backend import VerlBackend, build_verl_workers
+    from bapo_vl.backends.verl_backend import build_verl_workers
     from bapo_vl.train import train
 
     _, workers = build_verl_workers(vcfg)
-    return train(cfg, quiet=True, backend=VerlBackend(cfg, task_name=cfg.task, **workers))
+    return train(cfg, quiet=True, backend=make_verl_backend(cfg, **workers))
 
 
 def launch(cfg: Config, quiet: bool = False) -> Path:

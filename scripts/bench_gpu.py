@@ -100,19 +100,18 @@ def measure(name: str, fn, chunk: int | None) -> dict:
 
 def engine_bench(a) -> dict:
     from bapo_vl.backends import gqa_decode
-    from bapo_vl.backends.embedded import EmbeddedBackend
-    from bapo_vl.train import load_problems
+    from bapo_vl.train import load_problems, make_backend
 
     cfg = _config(a.shape, a.model, a.engine, a.source, a.set)
     t0 = time.perf_counter()
-    backend = EmbeddedBackend(cfg)
+    backend = make_backend(cfg)
     start_s = time.perf_counter() - t0
-    _, problems = load_problems(cfg)
-    G = cfg.group_size
+    _, problems = load_problems(cfg.run)
+    G = cfg.sampling.group_size
     encoded = [backend.encode(p) for p in problems[:max(a.prompts)]]
     engine = backend.engine
     engine.sample(encoded[:4], 2, "rollout", False)  # warm-up: kernels, CUDA graphs, caches
-    chunk = None if engine.name == "vllm" else cfg.generate_batch_size
+    chunk = None if engine.name == "vllm" else cfg.embedded.generate_batch_size
     rows = []
     for n in a.prompts:
         prompts = encoded[:n]
@@ -130,7 +129,7 @@ def engine_bench(a) -> dict:
         if engine.name == "transformers" and not backend.is_vl and a.probe_cb:
             rows.append(dict(prompts=n, G=G, **probe_continuous_batching(backend, prompts, G)))
     return dict(kind="engine", shape=a.shape, engine=engine.name, card=card(), model=str(a.model), overrides=a.set,
-                engine_start_s=start_s, max_response_length=cfg.max_response_length, rows=rows)
+                engine_start_s=start_s, max_response_length=cfg.sampling.max_response_length, rows=rows)
 
 
 def score_bench(a) -> dict:
@@ -138,20 +137,20 @@ def score_bench(a) -> dict:
     score_batch_size, against the update's micro_batch_size (how it was scored before score_batch_size)."""
     import torch
 
-    from bapo_vl.backends.embedded import EmbeddedBackend
-    from bapo_vl.train import load_problems
+    from bapo_vl.train import load_problems, make_backend
 
-    backend = EmbeddedBackend(_config(a.shape, a.model, "transformers", a.source, a.set))
-    _, problems = load_problems(backend.cfg)
-    cfg, G, n = backend.cfg, backend.cfg.group_size, a.prompts
+    cfg = _config(a.shape, a.model, "transformers", a.source, a.set)
+    backend = make_backend(cfg)
+    _, problems = load_problems(cfg.run)
+    G, n, R = cfg.sampling.group_size, a.prompts, cfg.sampling.max_response_length
     prompts = [p for p in (backend.encode(q) for q in problems[:n]) for _ in range(G)]
     gen = torch.Generator().manual_seed(0)
     vocab = backend.tokenizer.vocab_size  # ordinary tokens: no image placeholder in a response
-    lengths = torch.randint(cfg.max_response_length // 2, cfg.max_response_length + 1, (len(prompts),), generator=gen)
+    lengths = torch.randint(R // 2, R + 1, (len(prompts),), generator=gen)
     responses = [torch.randint(3, vocab, (int(k),), generator=gen).tolist() for k in lengths]
     rows = []
-    for size in dict.fromkeys([cfg.micro_batch_size, *a.batch]):
-        backend.cfg = dataclasses.replace(cfg, score_batch_size=size)
+    for size in dict.fromkeys([cfg.embedded.micro_batch_size, *a.batch]):
+        backend.options = dataclasses.replace(cfg.embedded, score_batch_size=size)
         backend.score(backend.rollout, prompts[:size], responses[:size])  # warm-up
         _reset()
         t0 = time.perf_counter()
@@ -159,7 +158,7 @@ def score_bench(a) -> dict:
         _sync()
         rows.append(dict(score_batch_size=size, seconds=time.perf_counter() - t0, **_memory()))
     return dict(kind="score", shape=a.shape, card=card(), model=str(a.model), overrides=a.set, sequences=len(prompts),
-                tokens=int(lengths.sum()), micro_batch_size=cfg.micro_batch_size, rows=rows)
+                tokens=int(lengths.sum()), micro_batch_size=cfg.embedded.micro_batch_size, rows=rows)
 
 
 def _cold(engine):
@@ -184,7 +183,7 @@ def probe_continuous_batching(backend, prompts, G) -> dict:
 
     def run():
         with backend._autocast():
-            out = model.generate_batch(inputs=inputs, generation_config=backend.sampling, progress_bar=False)
+            out = model.generate_batch(inputs=inputs, generation_config=backend.generation, progress_bar=False)
         return [list(o.generated_tokens) for o in out.values()]
 
     try:
@@ -198,11 +197,11 @@ def update_bench(a) -> dict:
     import torch
 
     from bapo_vl.backends.base import Response, UpdateBatch
-    from bapo_vl.backends.embedded import EmbeddedBackend
+    from bapo_vl.train import make_backend
 
     cfg = _config("text", a.model, "transformers", None, ["mini_batch_size=2", "micro_batch_size=16",
                                                           "max_prompt_length=64", "max_response_length=960", *a.set])
-    backend = EmbeddedBackend(cfg)
+    backend = make_backend(cfg)
     if a.compile:  # an experiment, not a setting of the backend: fused element-wise kernels for the decoder
         backend.policy.model.compile(dynamic=True)
     gen = torch.Generator().manual_seed(0)
@@ -233,7 +232,7 @@ def update_bench(a) -> dict:
     peak = peak_flops(card())
     memory = _memory()  # of the timed updates, before the profiled one
     return dict(kind="update", card=card(), model=str(a.model), compiled=a.compile,
-                mixed_precision=cfg.mixed_precision, sequences=16, tokens=tokens, seconds=seconds,
+                mixed_precision=cfg.embedded.mixed_precision, sequences=16, tokens=tokens, seconds=seconds,
                 tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
                 mfu=flops / seconds / peak if peak else None,
                 mfu_easyr1=actor_mfu(c, [T] * 16, seconds, gpus=1, peak=peak), **memory,

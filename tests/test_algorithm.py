@@ -5,7 +5,7 @@ import pytest
 
 from bapo_vl.algorithm import (PROMOTE_RULES, BadBuffer, Group, HighBuffer, Sample, Thresholds, get_filter, get_promote,
                                is_promoted, register_promote, sample_replay)
-from bapo_vl.config import ALGOS, Config, load_config
+from bapo_vl.config import ALGOS, BapoSettings, Config, load_config
 from bapo_vl.problem import Problem
 
 
@@ -24,12 +24,12 @@ def test_group_mean_accuracy():
 
 def test_range_filter_keeps_one_to_g_minus_one():
     groups = [group(str(k), k) for k in range(9)]  # 0/8 .. 8/8
-    kept = get_filter("range")(groups, Config(), random.Random(0))
+    kept = get_filter("range")(groups, BapoSettings(), random.Random(0))
     assert [g.correct for g in kept] == [1, 2, 3, 4, 5, 6, 7]  # 0/8 and 8/8 have zero advantage
 
 
 def test_gaussian_filter_keeps_with_normal_probability():
-    cfg = Config(gaussian_mean=0.5, gaussian_std=0.2)
+    cfg = BapoSettings(gaussian_mean=0.5, gaussian_std=0.2)
     rng = random.Random(0)
     n = 4000
     # mu = 0.5 -> probability 1; mu = 0.25 -> exp(-0.5 * (0.25/0.2)^2) = exp(-0.78125) = 0.4578
@@ -41,7 +41,7 @@ def test_gaussian_filter_keeps_with_normal_probability():
 
 
 def test_uniform_filter_keeps_sixty_percent_regardless_of_mu():
-    cfg, rng, n = Config(), random.Random(1), 4000
+    cfg, rng, n = BapoSettings(), random.Random(1), 4000
     for k in (0, 4, 8):
         kept = len(get_filter("uniform")([group(str(i), k) for i in range(n)], cfg, rng))
         assert abs(kept / n - 0.6) < 0.03
@@ -169,29 +169,33 @@ def test_threshold_running_average():
 
 
 def test_algo_presets_are_field_overrides_of_one_config():
-    grpo = load_config(overrides=["algo=grpo"])
+    grpo = load_config(overrides=["algo=grpo"]).bapo
     assert (grpo.delay, grpo.online_filter, grpo.use_x2, grpo.use_x3) == (1, "none", False, False)
     dapo = load_config(overrides=["algo=dapo"])
-    assert (dapo.clip_low, dapo.clip_high, dapo.loss_agg, dapo.dynamic_sampling_rounds) == (0.2, 0.28, "token-mean", 4)
-    mini = load_config(overrides=["algo=mini_test"])
+    assert (dapo.loss.clip_low, dapo.loss.clip_high, dapo.loss.agg, dapo.bapo.dynamic_sampling_rounds) == \
+        (0.2, 0.28, "token-mean", 4)
+    mini = load_config(overrides=["algo=mini_test"]).bapo
     assert (mini.c1, mini.c2_range, mini.c3_range, mini.reeval_every) == (0.0, (0.5, 0.5), (0.5, 0.5), 1)
-    assert load_config(overrides=["algo=grpo_v5"]).delay == 5
-    assert load_config(overrides=["algo=bapo_no_x2"]).use_x2 is False
-    assert load_config(overrides=["algo=bapo_no_x3"]).use_x3 is False
-    assert load_config(overrides=["algo=dapo", "clip_high=0.3"]).clip_high == 0.3  # later overrides win
+    assert load_config(overrides=["algo=grpo_v5"]).bapo.delay == 5
+    assert load_config(overrides=["algo=bapo_no_x2"]).bapo.use_x2 is False
+    assert load_config(overrides=["algo=bapo_no_x3"]).bapo.use_x3 is False
+    assert load_config(overrides=["algo=dapo", "clip_high=0.3"]).loss.clip_high == 0.3  # later overrides win
     assert set(ALGOS) >= {"bapo", "grpo", "grpo_v5", "dapo", "bapo_no_x2", "bapo_no_x3", "mini_test"}
 
 
 def test_paper_defaults():
     cfg = Config()
-    assert (cfg.group_size, cfg.batch_size, cfg.delay, cfg.reeval_every, cfg.reeval_max) == (8, 256, 5, 5, 128)
-    assert (cfg.c1, cfg.c2_range, cfg.c3_range) == (1 / 8, (1 / 8, 4 / 8), (2 / 8, 5 / 8))
-    assert (cfg.lr, cfg.mini_batch_size, cfg.kl_coef, cfg.entropy_coef, cfg.clip_low) == (1e-6, 64, 1e-3, 1e-3, 0.2)
+    sampling, bapo, optim, loss = cfg.sampling, cfg.bapo, cfg.optim, cfg.loss
+    assert (sampling.group_size, sampling.batch_size) == (8, 256)
+    assert (bapo.delay, bapo.reeval_every, bapo.reeval_max) == (5, 5, 128)
+    assert (bapo.c1, bapo.c2_range, bapo.c3_range) == (1 / 8, (1 / 8, 4 / 8), (2 / 8, 5 / 8))
+    assert (optim.lr, optim.mini_batch_size) == (1e-6, 64)
+    assert (loss.kl_coef, loss.entropy_coef, loss.clip_low) == (1e-3, 1e-3, 0.2)
 
 
 def test_config_errors_say_what_to_change():
     with pytest.raises(ValueError, match="group_size=8"):
-        Config(group_size=1)
+        Config.from_dict(dict(group_size=1))
     with pytest.raises(KeyError, match="unknown config key 'lr_rate'"):
         load_config(overrides=["lr_rate=1"])
     with pytest.raises(ValueError, match="choose one of"):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from bapo_vl.backends.base import UPDATE_METRICS, Backend, Response, UpdateBatch, UpdateResult
-from bapo_vl.backends.embedded import EmbeddedBackend
+from bapo_vl.train import make_backend
 from bapo_vl.config import load_config
 from bapo_vl.plugins import get_task
 from bapo_vl.reader import read_run
@@ -32,7 +32,7 @@ def make_cfg(model_dir, tmp_path, **kw):
     return load_config(overrides=[f"{k}={v}" for k, v in values.items()])
 
 
-BACKENDS = {"embedded": EmbeddedBackend, "verl": lambda cfg: make_verl(cfg, dp_size=1, num_workers=1)}
+BACKENDS = {"embedded": make_backend, "verl": lambda cfg: make_verl(cfg, dp_size=1, num_workers=1)}
 
 
 @pytest.fixture(params=sorted(BACKENDS))
@@ -67,7 +67,8 @@ def test_generate_hands_back_responses_with_behaviour_logprobs(kind, model_dir, 
         assert type(out) is list and len(out) == 3 and all(type(g) is list and len(g) == G for g in out)
         for r in (r for g in out for r in g):
             assert type(r) is Response and type(r.tokens) is tuple and type(r.logprobs) is tuple
-            assert 1 <= len(r.tokens) <= cfg.max_response_length and len(r.logprobs) == len(r.tokens)
+            assert 1 <= len(r.tokens) <= cfg.sampling.max_response_length
+            assert len(r.logprobs) == len(r.tokens)
             assert all(type(t) is int for t in r.tokens) and all(type(x) is float and x <= 0 for x in r.logprobs)
             assert isinstance(backend.decode(r.tokens), str)
     # where generate's time went: the engine; the embedded backend also scores the behaviour log-probs itself
@@ -98,7 +99,7 @@ def test_update_returns_every_metric_as_a_float(kind, model_dir, tmp_path):
         kind_of = int if name == "optimizer_steps" else float
         assert type(metrics[name]) is kind_of and math.isfinite(metrics[name]), (name, metrics[name])
     assert metrics["grad_norm"] > 0 and metrics["entropy"] > 0 and metrics["kl"] >= 0
-    assert metrics["optimizer_steps"] == 1 and metrics["lr"] == cfg.lr  # 4 groups <= mini_batch_size, no schedule
+    assert metrics["optimizer_steps"] == 1 and metrics["lr"] == cfg.optim.lr  # 4 groups <= mini_batch_size, no schedule
 
 
 def test_the_update_result_is_checked_and_frozen():

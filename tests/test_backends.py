@@ -14,7 +14,7 @@ import pytest
 import bapo_vl.train
 from bapo_vl.cli import main
 from bapo_vl.config import (BACKEND_OF, BACKENDS, FIELDS, PRESET_DIR, Config, ConfigError, EmbeddedOptions,
-                            VerlOptions, field_default, field_docs, launcher, load_config, recorded_config,
+                            VerlOptions, field_default, field_docs, key_of, launcher, load_config, recorded_config,
                             resume_config)
 
 SHORT = ["steps=1", "batch_size=4", "group_size=4", "max_response_length=8"]
@@ -28,9 +28,9 @@ def test_the_registry_names_each_backend_with_its_options_and_launcher():
     from bapo_vl import verl_launch  # imports no verl until a run composes its config
 
     assert launcher("verl") is verl_launch.launch
-    assert Config().backend == "embedded"
+    assert Config().run.backend == "embedded"
     with pytest.raises(ConfigError, match=r"^backend='ray': choose one of embedded, verl$"):
-        Config(backend="ray")
+        Config.from_dict(dict(backend="ray"))
 
 
 def test_a_registered_backend_is_a_valid_config_name(monkeypatch):
@@ -40,17 +40,18 @@ def test_a_registered_backend_is_a_valid_config_name(monkeypatch):
 
     monkeypatch.setitem(BACKENDS, "other", None)  # teardown removes what is registered below
     BACKENDS.register("other")(Options)
-    assert Config(backend="other").backend == "other" and launcher("other") is bapo_vl.train.train
+    assert Config.from_dict(dict(backend="other")).run.backend == "other" and launcher("other") is bapo_vl.train.train
 
 
 @pytest.mark.parametrize("options", BACKENDS.values(), ids=list(BACKENDS))
 def test_each_option_is_a_documented_config_field_with_a_refusal_line(options):
     docs = field_docs()
     for f in dataclasses.fields(options):
-        assert field_default(FIELDS[f.name]) == field_default(f) and BACKENDS[BACKEND_OF[f.name]] is options
-        assert docs.get(f.name), f"{f.name} is not documented"
-        assert options.INSTEAD[f.name] and "\n" not in options.INSTEAD[f.name]
-    assert set(options.INSTEAD) == {f.name for f in dataclasses.fields(options)}  # no line for a field gone
+        key = key_of(f)
+        assert FIELDS[key] is f and BACKENDS[BACKEND_OF[key]] is options
+        assert docs.get(key), f"{key} is not documented"
+        assert options.INSTEAD[key] and "\n" not in options.INSTEAD[key]
+    assert set(options.INSTEAD) == {key_of(f) for f in dataclasses.fields(options)}  # no line for a field gone
 
 
 def test_options_of_old_records_keep_their_flat_names():
@@ -68,9 +69,10 @@ def test_train_help_lists_each_backends_options_in_a_section_of_its_own(capsys):
     with pytest.raises(SystemExit):
         main(["train", "--help"])
     out = capsys.readouterr().out
-    embedded, verl = out.index("\nembedded backend (backend=embedded):\n"), out.index("\nverl backend (backend=verl):\n")
-    assert out.index("\nrecord:\n") < embedded < verl
-    assert all(out.index(f"\n  {f.name}=") > embedded for f in dataclasses.fields(EmbeddedOptions))
+    embedded = out.index("\nembedded: options of the embedded backend (backend=embedded)\n")
+    verl = out.index("\nverl: options of the verl backend (backend=verl)\n")
+    assert out.index("\nloss: ") < embedded < verl
+    assert all(embedded < out.index(f"\n  {f.name}=") < verl for f in dataclasses.fields(EmbeddedOptions))
     assert re.search(r"^  verl=\{\} +overrides of verl's ppo_trainer config", out, re.M)
     assert re.search(r"^  backend=embedded +what runs the steps", out, re.M)
 
@@ -104,12 +106,12 @@ def test_verl_keys_given_for_the_embedded_backend_are_refused(capsys):
     err = capsys.readouterr().err.strip()
     assert err == ("bapo: verl={'trainer.nnodes': '2'}: the embedded backend does not use it; verl.* keys set "
                    "verl's own config: add backend=verl (the verl_* presets set it), or drop them")
-    assert load_config(overrides=["backend=verl", "verl.trainer.nnodes=2"]).verl == {"trainer.nnodes": "2"}
+    assert load_config(overrides=["backend=verl", "verl.trainer.nnodes=2"]).verl.overrides == {"trainer.nnodes": "2"}
 
 
 def test_a_bundled_presets_embedded_options_stay_unused_a_config_files_are_refused(tmp_path):
     cfg = load_config("verl_math")  # built on the math preset, which sets the embedded micro_batch_size
-    assert (cfg.backend, cfg.micro_batch_size) == ("verl", 4)
+    assert (cfg.run.backend, cfg.embedded.micro_batch_size) == ("verl", 4)
     mine = tmp_path / "mine.yaml"
     mine.write_text("preset: verl_math\nmicro_batch_size: 8\n")
     with pytest.raises(ConfigError, match=rf"^{re.escape(str(mine))}: micro_batch_size=8: the verl backend does not "
@@ -127,13 +129,13 @@ def test_the_command_line_refuses_an_embedded_option_on_verl_with_one_line(capsy
 # --- verl. overrides and presets that build on a preset ----------------------------------------------------------
 
 def test_verl_keys_add_to_those_of_the_layers_below(tmp_path):
-    preset = load_config("verl_math").verl
+    preset = load_config("verl_math").verl.overrides
     mine = tmp_path / "mine.yaml"
     mine.write_text("preset: verl_math\nverl: {trainer.nnodes: 2, trainer.logger: '[console,wandb]'}\n")
     cfg = load_config(file=str(mine), overrides=["verl.trainer.n_gpus_per_node=4", "verl.trainer.nnodes=3"])
-    assert cfg.verl == {**preset, "trainer.nnodes": "3", "trainer.logger": "[console,wandb]",
+    assert cfg.verl.overrides == {**preset, "trainer.nnodes": "3", "trainer.logger": "[console,wandb]",
                         "trainer.n_gpus_per_node": "4"}
-    assert list(cfg.verl)[:len(preset)] == list(preset)  # the preset's keys keep their order
+    assert list(cfg.verl.overrides)[:len(preset)] == list(preset)  # the preset's keys keep their order
 
 
 def test_a_config_file_builds_on_the_preset_it_names_not_on_tiny(tmp_path):
@@ -141,16 +143,18 @@ def test_a_config_file_builds_on_the_preset_it_names_not_on_tiny(tmp_path):
     mine.write_text("preset: math\nsteps: 3\n")
     cfg = load_config(file=str(mine))
     math = load_config("math")
-    assert cfg == dataclasses.replace(math, steps=3) and cfg.device == "auto"  # tiny's device=cpu is not read
+    assert cfg == Config.from_dict({**math.to_dict(), "steps": 3})
+    assert cfg.run.device == "auto"  # tiny's device=cpu is not read
     plain = tmp_path / "plain.yaml"
     plain.write_text("steps: 3\n")
-    assert load_config(file=str(plain)) == dataclasses.replace(load_config(), steps=3)  # no preset named: tiny
+    tiny = load_config()  # no preset named: tiny
+    assert load_config(file=str(plain)) == Config.from_dict({**tiny.to_dict(), "steps": 3})
 
 
 def test_the_verl_launchers_older_file_layout_reads_the_same(tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text("preset: math\nbapo:\n  save_every: 10\nverl:\n" + "".join(
-        f"  {k}: {json.dumps(v)}\n" for k, v in load_config("verl_math").verl.items()))
+        f"  {k}: {json.dumps(v)}\n" for k, v in load_config("verl_math").verl.overrides.items()))
     assert load_config(file=str(old), overrides=["backend=verl"]) == load_config("verl_math")
     bad = tmp_path / "bad.yaml"
     bad.write_text("bapo: [steps]\n")
@@ -160,9 +164,9 @@ def test_the_verl_launchers_older_file_layout_reads_the_same(tmp_path):
 
 def test_every_verl_preset_names_the_verl_backend():
     for path in sorted(PRESET_DIR.glob("verl_*.yaml")):
-        assert load_config(path.stem).backend == "verl", path.name
+        assert load_config(path.stem).run.backend == "verl", path.name
     for path in sorted(set(PRESET_DIR.glob("*.yaml")) - set(PRESET_DIR.glob("verl_*.yaml"))):
-        assert load_config(path.stem).backend == "embedded", path.name
+        assert load_config(path.stem).run.backend == "embedded", path.name
 
 
 # --- run records written before Config had `backend` and `verl` ---------------------------------------------
@@ -190,7 +194,8 @@ def test_an_older_run_record_resumes_with_its_backend(tmp_path, capsys):
     assert "run record:" in capsys.readouterr().out
     _as_older_record(run_dir, "verl")
     cfg = resume_config(run_dir, ["steps=3", "verl.trainer.nnodes=2"])
-    assert (cfg.backend, cfg.verl, cfg.steps, cfg.micro_batch_size) == ("verl", {"trainer.nnodes": "2"}, 3, 128)
+    assert (cfg.run.backend, cfg.verl.overrides, cfg.run.steps, cfg.embedded.micro_batch_size) == \
+        ("verl", {"trainer.nnodes": "2"}, 3, 128)
     with pytest.raises(ConfigError, match="^micro_batch_size=8: the verl backend does not use it"):
         resume_config(run_dir, ["micro_batch_size=8"])
 

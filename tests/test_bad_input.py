@@ -78,7 +78,7 @@ def test_bad_value_in_a_yaml_file_names_the_file(tmp_path, capsys, key, text, sa
 @pytest.mark.parametrize("key, text, says", BAD_VALUES)
 def test_bad_value_from_python(key, text, says):
     with pytest.raises(ConfigError, match=f"^{key}=") as e:
-        Config(**{key: yaml.safe_load(text)})
+        Config.from_dict({key: yaml.safe_load(text)})
     assert says in str(e.value) and e.value.key == key
 
 

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 import torch
 
-from bapo_vl.backends.embedded import EmbeddedBackend
+from bapo_vl.train import make_backend as make_embedded
 from bapo_vl.backends.engines import choose_engine
 from bapo_vl.config import ConfigError, load_config
 from bapo_vl.plugins import get_task
@@ -20,7 +20,7 @@ def make_backend(**kw):
     values = dict(task="countdown", task_options="{template: compact}", max_prompt_length=96, model="countdown-tiny",
                   device="cpu", dtype="float32", max_response_length=40, delay=3, kl_coef=0.0, seed=3,
                   generate_batch_size=4, micro_batch_size=3) | kw
-    return EmbeddedBackend(load_config(overrides=[f"{k}={v}" for k, v in values.items()]))
+    return make_embedded(load_config(overrides=[f"{k}={v}" for k, v in values.items()]))
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def test_vllm_options_that_the_config_decides_are_refused_and_others_warn_on_tra
 def test_stored_logprobs_are_those_of_the_sampled_tokens(backend, prompts):
     # Could fail if the batched scorer's padding / positions disagreed with a plain forward, if the response were cut
     # off the wrong EOS, or if the sampler drew from another distribution than the one scored (greedy: the argmax).
-    T = backend.cfg.temperature
+    T = backend.sampling.temperature
     ended = 0
     for greedy, n in ((False, 2), (True, 1)):
         groups = backend.generate(prompts, n, greedy=greedy)
@@ -105,7 +105,7 @@ def test_x2_samples_with_pi_theta_and_sync_loads_it_into_alpha(prompts):
     # or if sync did not reach what the engine samples from.
     b = make_backend()
     perturb(b.policy)  # pi_theta moves away from alpha, as after an update
-    T = b.cfg.temperature
+    T = b.sampling.temperature
     probe = prompts[0]["input_ids"]
     alpha_before = unbatched_logprobs(b.rollout, probe, [5, 6, 7], T)[1]
     theta = unbatched_logprobs(b.policy, probe, [5, 6, 7], T)[1]
@@ -139,8 +139,8 @@ def test_vl_prompts_keep_the_text_and_images_a_vllm_engine_processes(tmp_path, g
     backend = make_backend(model=str(tmp_path / "vl"), task="geometry3k", task_options="{}", max_prompt_length=512,
                            max_pixels=56 * 56)
     problems = get_task("geometry3k").load(split="train", source=geometry3k_source, limit=2)
-    fresh = AutoProcessor.from_pretrained(tmp_path / "vl", min_pixels=backend.cfg.min_pixels,
-                                          max_pixels=backend.cfg.max_pixels)
+    fresh = AutoProcessor.from_pretrained(tmp_path / "vl", min_pixels=backend.sampling.min_pixels,
+                                          max_pixels=backend.sampling.max_pixels)
     for problem in problems:
         enc = backend.encode(problem)
         raw = enc["raw"]

@@ -28,11 +28,11 @@ def test_a_name_too_long_for_a_folder_is_refused_in_one_short_line(tmp_path, cap
 
 
 def test_plain_names_pass_the_same_check_in_python():
-    assert Config(name="bapo-countdown_2024.v2 (seed 1)").name == "bapo-countdown_2024.v2 (seed 1)"
-    assert Config(name="é" * 127).name  # 254 bytes
+    assert Config.from_dict(dict(name="bapo-countdown_2024.v2 (seed 1)")).run.name == "bapo-countdown_2024.v2 (seed 1)"
+    assert Config.from_dict(dict(name="é" * 127)).run.name  # 254 bytes
     with pytest.raises(ConfigError, match="at most 255 bytes"):
-        Config(name="é" * 128)  # 256 bytes in UTF-8: the limit is the file system's, in bytes
+        Config.from_dict(dict(name="é" * 128))  # 256 bytes in UTF-8: the limit is the file system's, in bytes
     with pytest.raises(ConfigError, match="plain folder name"):
-        Config(name="../x")
+        Config.from_dict(dict(name="../x"))
     with pytest.raises(ConfigError, match="no control characters"):
-        Config(name="two\nlines")  # a newline would split every one-line message that names the run
+        Config.from_dict(dict(name="two\nlines"))  # a newline would split every one-line message that names the run

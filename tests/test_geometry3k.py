@@ -527,8 +527,8 @@ def test_check_prompt_fits_names_the_problem():
 
 
 def test_embedded_backend_reports_a_prompt_too_long_for_its_images(tmp_path):
-    from bapo_vl.backends.embedded import EmbeddedBackend
     from bapo_vl.config import Config
+    from bapo_vl.train import make_backend
     from bapo_vl.tiny import build_processor, build_qwen2_5_vl
     model, processor = build_qwen2_5_vl()
     model.save_pretrained(tmp_path / "vl")
@@ -537,8 +537,9 @@ def test_embedded_backend_reports_a_prompt_too_long_for_its_images(tmp_path):
     small = task.check_prompt_fits(p, build_processor(max_pixels=112 * 112), max_prompt_length=10_000)
 
     def backend(max_pixels):
-        return EmbeddedBackend(Config(model=str(tmp_path / "vl"), device="cpu", delay=1, kl_coef=0.0,
-                                      max_prompt_length=small + 8, min_pixels=56 * 56, max_pixels=max_pixels))
+        return make_backend(Config.from_dict(dict(model=str(tmp_path / "vl"), device="cpu", delay=1, kl_coef=0.0,
+                                                  max_prompt_length=small + 8, min_pixels=56 * 56,
+                                                  max_pixels=max_pixels)))
 
     assert len(backend(112 * 112).encode(p)["input_ids"]) == small  # the same count as check_prompt_fits
     with pytest.raises(ValueError, match=r"prompt geometry3k-train-7 has \d+ tokens.*lower max_pixels"):

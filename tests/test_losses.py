@@ -487,20 +487,21 @@ def test_config_checks():
 
 
 def test_config_carries_every_loss_setting():
-    """One config object: every LossConfig field but the DP hook is a Config field (same default), and bad
-    loss settings fail when the config is loaded, naming the setting."""
+    """One config object: the config's loss group is a LossConfig, each of its fields but the DP hook a config key,
+    and bad loss settings fail when the config is loaded, naming the setting."""
     import dataclasses
 
-    from bapo_vl.config import Config, load_config
+    from bapo_vl.config import FIELDS, GROUP_OF, Config, load_config
 
     cfg = load_config(overrides=["loss=balanced_clip", "bac_target=0.7", "bac_clip_low_range=[0.5, 0.9]",
                                  "clip_high=0.28", "loss_agg=seq-mean-token-sum"])
-    lc = cfg.loss_config()
+    lc = cfg.loss
     assert (lc.name, lc.bac_target, lc.bac_clip_low_range, lc.clip_high, lc.agg) == \
         ("balanced_clip", 0.7, (0.5, 0.9), 0.28, "seq-mean-token-sum")
-    assert Config().loss_config() == LossConfig()
-    names = {f.name for f in dataclasses.fields(LossConfig)} - {"name", "agg", "bac_reduce"}
-    assert names <= {f.name for f in dataclasses.fields(Config)}
+    assert Config().loss == LossConfig()
+    settings = [f for f in dataclasses.fields(LossConfig) if f.name != "bac_reduce"]
+    assert all(FIELDS[key] is f and GROUP_OF[key] == "loss" for key, f in FIELDS.items() if f in settings)
+    assert len([key for key in FIELDS if GROUP_OF[key] == "loss"]) == len(settings)
     with pytest.raises(ValueError, match="loss='ppo': choose one of ppo_clip"):
         load_config(overrides=["loss=ppo"])
     with pytest.raises(ValueError, match="bac_clip_low_range"):

@@ -27,12 +27,12 @@ def problems(n=4):
 
 
 def test_batch_positions_equal_get_rope_index_on_the_embedded_layout(tiny_vl):
-    from bapo_vl.backends.embedded import EmbeddedBackend
+    from bapo_vl.train import make_backend
 
     model, _, folder = tiny_vl
     cfg = load_config(overrides=["task=geodraw", f"model={folder}", "device=cpu", "dtype=float32",
                                  f"max_pixels={SIDE * SIDE}", f"min_pixels={SIDE * SIDE}", "max_prompt_length=512"])
-    backend = EmbeddedBackend(cfg)
+    backend = make_backend(cfg)
     prompts = [backend.encode(p) for p in problems()]
     assert len({len(p["input_ids"]) for p in prompts}) > 1, "the test needs prompts of unequal length"
     responses = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]]

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from bapo_vl.backends.base import UpdateBatch
-from bapo_vl.backends.embedded import EmbeddedBackend
+from bapo_vl.train import make_backend
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.plugins import get_task
 from bapo_vl.reader import read_run
@@ -60,7 +60,7 @@ def test_embedded_update_takes_near_equal_optimizer_steps_at_the_scheduled_lr(mo
     # with 5 groups and mini_batch_size 4 it must take 2 optimizer steps of 3 and 2 groups (G sequences each).
     cfg = make_cfg(model_dir, tmp_path, mini_batch_size=4, kl_coef=0.0, lr_schedule="linear", lr_warmup_steps=2,
                    steps=6)
-    backend = EmbeddedBackend(cfg)
+    backend = make_backend(cfg)
     sequences, at_step = [], []  # sequences backpropagated so far; (that count, lr) at each optimizer step
     backward = backend._backward
     backend._backward = lambda micro, *a, **kw: (sequences.append(len(micro)), backward(micro, *a, **kw))[1]
@@ -69,9 +69,9 @@ def test_embedded_update_takes_near_equal_optimizer_steps_at_the_scheduled_lr(mo
     assert metrics["optimizer_steps"] == 2 and metrics["skipped_steps"] == 0
     per_step = [at_step[0][0], at_step[1][0] - at_step[0][0]]
     assert sorted(per_step) == [2 * G, 3 * G]
-    assert metrics["lr"] == pytest.approx(cfg.lr * 0.5) and all(lr == metrics["lr"] for _, lr in at_step)
+    assert metrics["lr"] == pytest.approx(cfg.optim.lr * 0.5) and all(lr == metrics["lr"] for _, lr in at_step)
     metrics = backend.update(_batch(backend, 8, step=4)).metrics  # after warm-up: linear decay, (4 - 2) / (6 - 2) of the way
-    assert metrics["optimizer_steps"] == 2 and metrics["lr"] == pytest.approx(cfg.lr * 0.5)
+    assert metrics["optimizer_steps"] == 2 and metrics["lr"] == pytest.approx(cfg.optim.lr * 0.5)
 
 
 def test_the_record_counts_optimizer_steps_and_the_lr_per_step(model_dir, tmp_path):
@@ -82,7 +82,7 @@ def test_the_record_counts_optimizer_steps_and_the_lr_per_step(model_dir, tmp_pa
     assert [s["step"] for s in steps] == [1, 2, 3]
     for s in steps:
         n = s["trained_groups"]
-        assert s["optimizer_steps"] == (cfg.epochs * math.ceil(n / cfg.mini_batch_size) if n else 0), s
-        assert s["lr"] == pytest.approx(cfg.lr * lr_factor(s["step"], 3, "cosine", warmup=1))
+        assert s["optimizer_steps"] == (cfg.optim.epochs * math.ceil(n / cfg.optim.mini_batch_size) if n else 0), s
+        assert s["lr"] == pytest.approx(cfg.optim.lr * lr_factor(s["step"], 3, "cosine", warmup=1))
     assert any(s["optimizer_steps"] == 4 for s in steps)  # 6 groups at 4: 2 mini-batches x 2 epochs
     assert torch.isfinite(torch.tensor([s["loss"] for s in steps])).all()

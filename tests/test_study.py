@@ -75,7 +75,8 @@ def test_knob_entries_each_change_one_of_bapos_defaults():
     # Could fail if BAPO's defaults moved (then "bapo" would no longer be v=5, m=5, range, age 3 in the study) or a
     # knob entry changed more than its knob.
     cfg = Config()
-    assert (cfg.delay, cfg.reeval_every, cfg.online_filter, cfg.high_max_age) == (5, 5, "range", 3)
+    bapo = cfg.bapo
+    assert (bapo.delay, bapo.reeval_every, bapo.online_filter, bapo.high_max_age) == (5, 5, "range", 3)
     bapo_cfg = load_config(None, None, ["algo=bapo"]).to_dict()
     for name, overrides in KNOBS.items():
         changed = {k for k, v in load_config(None, None, overrides).to_dict().items() if bapo_cfg[k] != v}
@@ -272,9 +273,9 @@ def test_one_policy_load_gives_what_two_bapo_eval_calls_give():
 
     opts = StudyOptions(k=4, limit=8)
     cfg = load_config(overrides=[*SMALL, "device=cpu"])
-    row = evaluate_policy(opts, cfg, cfg.model, None, seed=5)
-    common = dict(model=cfg.model, task=cfg.task, splits=[opts.split], template="compact", limit=8, seed=5,
-                  max_new_tokens=cfg.max_response_length, device="cpu", quiet=True)
+    row = evaluate_policy(opts, cfg, cfg.run.model, None, seed=5)
+    common = dict(model=cfg.run.model, task=cfg.run.task, splits=[opts.split], template="compact", limit=8, seed=5,
+                  max_new_tokens=cfg.sampling.max_response_length, device="cpu", quiet=True)
     sampled = run_eval(EvalOptions(**common, k=4, temperature=1.0))["sets"][opts.split]
     greedy = run_eval(EvalOptions(**common, k=1, temperature=0.0))["sets"][opts.split]
     assert row == {"greedy": greedy["mean@k"], "greedy_counts": greedy["problems"], "mean@k": sampled["mean@k"],

@@ -89,14 +89,14 @@ def test_read_target_copies_the_numbers_drawn():
 def test_prompts_are_what_the_embedded_backend_encodes(trained):
     # Could fail if SFT rendered the prompt (chat template, image tokens, pixel values, image-token markers)
     # differently from how the RL backend renders it for the saved policy: SFT and RL would see other tokens.
-    from bapo_vl.backends.embedded import EmbeddedBackend
     from bapo_vl.config import load_config
+    from bapo_vl.train import make_backend
 
     out, _ = trained
     cfg = load_config(overrides=[
         "task=geodraw", f"model={out}", "device=cpu", "dtype=float32", "delay=1", "kl_coef=0.0",
         f"max_pixels={SIDE * SIDE}", "max_prompt_length=512"])
-    backend = EmbeddedBackend(cfg)
+    backend = make_backend(cfg)
     task = script.get_task()
     problems = task.load(split="train", limit=3, image_size=SIDE)
     args = type("A", (), dict(script.SIZES["geodraw-tiny"], image_size=SIDE, seed=0))

@@ -14,14 +14,14 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from bapo_vl.backends.embedded import EmbeddedBackend
+import bapo_vl.train
 from bapo_vl.config import load_config
 from bapo_vl.plugins import get_task
 from bapo_vl.problem import Problem, Verdict
 from bapo_vl.reader import read_run
 from bapo_vl.record import query_ro
 from bapo_vl.tiny import build_qwen2
-from bapo_vl.train import train
+from bapo_vl.train import load_problems, make_backend, train
 from bapo_vl.trainer import Trainer
 
 B, G = 8, 8
@@ -86,8 +86,22 @@ def config(env: Env, **overrides):
 
 
 def make_trainer(cfg) -> Trainer:
-    task = get_task(cfg.task, cfg.tasks_dirs)
-    return Trainer(cfg, EmbeddedBackend(cfg), task, task.load(split="train", **cfg.task_options))
+    task, problems = load_problems(cfg.run)
+    return bapo_vl.train.make_trainer(cfg, make_backend(cfg), task, problems)
+
+
+def test_the_trainer_is_given_the_bapo_settings_and_what_else_it_reads(env):
+    # Could fail if the Trainer took the whole Config again, or a setting it reads came from elsewhere.
+    cfg = config(env, c1=0.25, high_max_age=2, delay=3, adv_eps=1e-4)
+    trainer = make_trainer(cfg)
+    assert trainer.bapo is cfg.bapo and not hasattr(trainer, "cfg")
+    assert (trainer.batch_size, trainer.group_size, trainer.critic, trainer.adv_eps) == (B, G, False, 1e-4)
+    assert (trainer.state.bad.capacity, trainer.state.high.max_age, trainer.state.thresholds.c1) == (B, 2, 0.25)
+    same = Trainer(cfg.bapo, trainer.backend, trainer.task, trainer.sampler.problems, batch_size=B, group_size=G,
+                   seed=cfg.run.seed, critic=False, adv_eps=1e-4)
+    assert [p.uid for p in same.sampler.next(B)] == [p.uid for p in trainer.sampler.next(B)]  # the same seed
+    with pytest.raises(TypeError):  # the whole Config is not what it takes
+        Trainer(cfg, trainer.backend, trainer.task, trainer.sampler.problems)
 
 
 def weights(model) -> dict:
@@ -223,8 +237,8 @@ def test_reevaluation_only_every_m_steps_and_at_most_reeval_max(env):
         assert len(result.reevaluated) <= k and m["rollouts_reevaluated"] <= k * G
         # B_bad as the re-evaluation saw it: this step's groups with mu <= c1 appended (a seen uid moves to the
         # end), the oldest evicted beyond capacity B; the k oldest outside X1 are re-evaluated.
-        stored_now = [g.uid for g in result.fresh if g.mu <= trainer.cfg.c1]
-        bad_seen = ([u for u in bad_before if u not in stored_now] + stored_now)[-trainer.cfg.batch_size:]
+        stored_now = [g.uid for g in result.fresh if g.mu <= trainer.bapo.c1]
+        bad_seen = ([u for u in bad_before if u not in stored_now] + stored_now)[-trainer.batch_size:]
         in_x1 = {g.uid for g in result.x1}
         assert [g.uid for g in result.reevaluated] == [u for u in bad_seen if u not in in_x1][:k]
         assert all(g.step == t and g.version == updates_before and g.source == "reevaluated"
@@ -265,7 +279,7 @@ def test_batch_has_no_uid_twice_and_respects_buffers(bapo_steps):
     # Could fail if X2 or X3 re-used a uid already in the batch, if B_bad held easy groups or grew past B, if B_high
     # kept groups older than high_max_age steps, or if promotion ignored the threshold rule c1 < mu < 1.
     trainer, snaps, born = bapo_steps
-    cfg = trainer.cfg
+    bapo, B = trainer.bapo, trainer.batch_size
     for s in snaps:
         r, t, m = s.result, s.t, s.result.metrics
         batch = r.x1 + r.x2 + r.x3
@@ -274,20 +288,20 @@ def test_batch_has_no_uid_twice_and_respects_buffers(bapo_steps):
         assert len(uids) == len(set(uids)), f"step {t}: a uid twice in the batch"
         assert all(g in r.fresh for g in r.x1) and all(0 < g.correct < G for g in r.x1)  # range filter
         # X2: promoted by c1 < mu_new < 1, new responses from this step, and out of B_bad.
-        assert all(g in r.reevaluated and cfg.c1 < g.mu < 1 and g.step == t for g in r.x2)
+        assert all(g in r.reevaluated and bapo.c1 < g.mu < 1 and g.step == t for g in r.x2)
         bad_uids = {g.uid for g in s.bad}
         assert not bad_uids & {g.uid for g in r.x2}
         not_promoted = [g for g in r.reevaluated if g not in r.x2]
-        full = len(r.x1) + len(r.x2) == cfg.batch_size  # promotion stops when the batch is full
-        assert full or all(not (cfg.c1 < g.mu < 1) for g in not_promoted)
+        full = len(r.x1) + len(r.x2) == B  # promotion stops when the batch is full
+        assert full or all(not (bapo.c1 < g.mu < 1) for g in not_promoted)
         # B_bad: capacity B, only mu <= c1.
-        assert len(s.bad) <= cfg.batch_size and m["bad_size"] == len(s.bad)
-        assert all(g.mu <= cfg.c1 for g in s.bad)
+        assert len(s.bad) <= B and m["bad_size"] == len(s.bad)
+        assert all(g.mu <= bapo.c1 for g in s.bad)
         # B_high: only the last high_max_age steps.
-        assert all(g.step >= t - cfg.high_max_age + 1 for g in s.high) and m["high_size"] == len(s.high)
+        assert all(g.step >= t - bapo.high_max_age + 1 for g in s.high) and m["high_size"] == len(s.high)
         # X3: from B_high, recent, inside [c2, c3], and the very stored groups (no regeneration).
         for g in r.x3:
-            assert g.step >= t - cfg.high_max_age + 1 and g.step <= t
+            assert g.step >= t - bapo.high_max_age + 1 and g.step <= t
             assert m["c2"] <= g.mu <= m["c3"]
             assert id(g) in born and born[id(g)][0] is g
             assert [smp.tokens for smp in g.samples] == born[id(g)][1]
@@ -299,7 +313,7 @@ def test_batch_never_exceeds_configured_size(bapo_steps):
     # Could fail if X2 were added on top of a full X1 (X3 is capped by the room left, X2 is not).
     trainer, snaps, _ = bapo_steps
     sizes = [(s.t, len(s.result.x1), len(s.result.x2), len(s.result.x3)) for s in snaps]
-    assert all(x1 + x2 + x3 <= trainer.cfg.batch_size for _, x1, x2, x3 in sizes), sizes
+    assert all(x1 + x2 + x3 <= trainer.batch_size for _, x1, x2, x3 in sizes), sizes
 
 
 def test_x2_and_x3_both_used(bapo_steps):
@@ -342,14 +356,14 @@ def test_sampling_distribution_is_the_scored_one(env, tmp_path):
     model.generation_config.do_sample, model.generation_config.top_k = True, 5  # as Qwen checkpoints ship them
     model.save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
-    backend = EmbeddedBackend(config(env, model=tmp_path / "m", max_response_length=1, max_prompt_length=128))
+    backend = make_backend(config(env, model=tmp_path / "m", max_response_length=1, max_prompt_length=128))
     text = "".join(chr(c) for c in range(33, 127))  # 94 distinct byte tokens in the prompt
     prompt = backend.encode(Problem("p", [{"role": "user", "content": text}], None))
     n = 512
     firsts = [r.tokens[0] for r in backend.generate([prompt], n)[0]]
     with torch.no_grad():
         logits = backend.policy(input_ids=prompt["input_ids"][None]).logits[0, -1].float()
-    p = torch.softmax(logits / backend.cfg.temperature, -1)
+    p = torch.softmax(logits / backend.sampling.temperature, -1)
     penalised = {i for i in prompt["input_ids"].tolist() if logits[i] < 0}
     expected = n * float(sum(p[i] for i in penalised))
     observed = sum(1 for f in firsts if f in penalised)
@@ -583,17 +597,20 @@ def test_grpo_replay_refills_the_batch_with_mixed_groups_trained_on_before(env):
     # Could fail if the preset re-evaluated (X2), kept zero-variance groups, replayed a group twice in one batch, or
     # replayed something it had not trained on.
     cfg = config(env, algo="grpo_replay", steps=6)
-    assert (cfg.delay, cfg.online_filter, cfg.use_x2, cfg.use_x3, cfg.high_max_uids) == (1, "range", False, True, 64)
+    bapo = cfg.bapo
+    assert (bapo.delay, bapo.online_filter, bapo.use_x2, bapo.use_x3) == (1, "range", False, True)
+    assert bapo.high_max_uids == 64
     trainer = make_trainer(cfg)
     trained: set[str] = set()
     replayed_any = False
-    for t in range(1, cfg.steps + 1):
+    for t in range(1, cfg.run.steps + 1):
         r = trainer.step(t)
         assert r.x2 == [] and r.reevaluated == []
-        assert all(0 < g.correct < cfg.group_size for g in r.x1 + r.x3)  # zero-variance groups never train
-        assert len(r.x1) + len(r.x3) <= cfg.batch_size and len({g.uid for g in r.x1 + r.x3}) == len(r.x1) + len(r.x3)
+        assert all(0 < g.correct < cfg.sampling.group_size for g in r.x1 + r.x3)  # zero-variance groups never train
+        B = cfg.sampling.batch_size
+        assert len(r.x1) + len(r.x3) <= B and len({g.uid for g in r.x1 + r.x3}) == len(r.x1) + len(r.x3)
         assert {g.uid for g in r.x3} <= trained
-        if len(r.x1) < cfg.batch_size and any(g.uid not in {x.uid for x in r.x1} for g in trainer.state.high.groups.values()):
+        if len(r.x1) < B and any(g.uid not in {x.uid for x in r.x1} for g in trainer.state.high.groups.values()):
             assert r.x3, f"step {t}: room in the batch and groups to replay, but none replayed"
         replayed_any |= bool(r.x3)
         trained |= {g.uid for g in r.x1 + r.x3}

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bapo_vl.backends import embedded
-from bapo_vl.backends.embedded import EmbeddedBackend
+from bapo_vl.train import make_backend
 from bapo_vl.config import load_config
 from bapo_vl.losses import total_loss
 from bapo_vl.plugins import get_task
@@ -31,7 +31,7 @@ def reference(backend, prompts, responses):
     batch = backend._collate(prompts, responses)
     P = batch.pop("P")
     R = max(len(r) for r in responses)
-    logits = backend.policy(**batch).logits[:, P - 1:P - 1 + R].float() / backend.cfg.temperature  # (N, R, V)
+    logits = backend.policy(**batch).logits[:, P - 1:P - 1 + R].float() / backend.sampling.temperature  # (N, R, V)
     logp_all = torch.log_softmax(logits, -1)
     mask = batch["attention_mask"][:, P:].float()
     logp = logp_all.gather(-1, batch["input_ids"][:, P:, None]).squeeze(-1) * mask
@@ -59,7 +59,7 @@ def check(backend, prompts, responses):
                  old=ref_logp.detach() + 0.05 * torch.randn(mask.shape, generator=g), ref=ref_logp.detach() - 0.1,
                  is_w=None)
     n_tokens = int(mask.sum())
-    loss, _ = total_loss(ref_logp, terms["old"], terms["adv"], mask, backend.loss_cfg, ref_logp=terms["ref"],
+    loss, _ = total_loss(ref_logp, terms["old"], terms["adv"], mask, backend.loss, ref_logp=terms["ref"],
                          entropy=ref_ent, n_tokens=n_tokens, n_seqs=len(prompts))
     policy.zero_grad()
     loss.backward()
@@ -82,7 +82,7 @@ def make(model, tmp_path, **kw):
                   max_prompt_length=512, max_response_length=8, kl_coef=0.01, entropy_coef=0.01, temperature=0.7,
                   run_dir=tmp_path, seed=3)
     values.update(kw)
-    return EmbeddedBackend(load_config(overrides=[f"{k}={v}" for k, v in values.items()]))
+    return make_backend(load_config(overrides=[f"{k}={v}" for k, v in values.items()]))
 
 
 def test_text_logprobs_entropy_loss_and_grads_match_full_logits(tmp_path, monkeypatch):

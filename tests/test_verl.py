@@ -24,7 +24,6 @@ import pytest
 import torch
 
 from bapo_vl.backends.base import UPDATE_METRICS, Response, UpdateBatch
-from bapo_vl.backends.embedded import EmbeddedBackend
 from bapo_vl.backends.verl_backend import (ALPHA, COUNTED, VERL_METRICS, VerlBackend, VerlConfigError, object_array,
                                            trainable_groups, validate_verl_config)
 from bapo_vl.backends import verl_data
@@ -33,7 +32,7 @@ from bapo_vl.losses import grpo_advantages
 from bapo_vl.plugins import get_task
 from bapo_vl.problem import Problem, Verdict
 from bapo_vl.tiny import build_qwen2
-from bapo_vl.trainer import Trainer
+from bapo_vl.train import make_backend, make_trainer
 
 from verl import DataProto
 from verl.protocol import pad_dataproto_to_divisor, unpad_dataproto
@@ -362,7 +361,7 @@ class StandInActor:
         torch.save(self.optimizer.state_dict(), root / "optim_world_size_1_rank_0.pt")
         (root / "fsdp_config.json").write_text(json.dumps({"FSDP_version": 2, "world_size": 1}))
         self.policy.config.save_pretrained(root / "huggingface")
-        AutoTokenizer.from_pretrained(self.cfg.model).save_pretrained(root / "huggingface")
+        AutoTokenizer.from_pretrained(self.cfg.run.model).save_pretrained(root / "huggingface")
 
     def load_checkpoint(self, local_path, hdfs_path=None, del_local_after_load=False):
         self.policy.load_state_dict(torch.load(Path(local_path) / "model_world_size_1_rank_0.pt"))
@@ -417,18 +416,25 @@ def make_cfg(model_dir, **kw):
     return load_config(overrides=[f"{k}={v}" for k, v in values.items()])
 
 
+def verl_backend(cfg, *workers, **options):
+    """A VerlBackend over (stand-in) workers, given the groups of cfg it reads, as verl_launch.make_verl_backend."""
+    return VerlBackend(cfg.sampling, cfg.optim, cfg.loss, *workers, delay=cfg.bapo.delay, use_x2=cfg.bapo.use_x2,
+                       **options)
+
+
 def make_verl(cfg, dp_size=2, num_workers=4, mini_batch_size=None):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(cfg.model)
-    policy = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=torch.float32).eval()
+    tok = AutoTokenizer.from_pretrained(cfg.run.model)
+    policy = AutoModelForCausalLM.from_pretrained(cfg.run.model, dtype=torch.float32).eval()
     engine = copy.deepcopy(policy)
     actor = StandInActor(policy, cfg, dp_size, mini_batch_size)
-    rollout = StandInRollout(engine, tok, cfg.max_prompt_length, cfg.max_response_length, num_workers,
-                             cfg.temperature, cfg.seed)
+    sampling = cfg.sampling
+    rollout = StandInRollout(engine, tok, sampling.max_prompt_length, sampling.max_response_length, num_workers,
+                             sampling.temperature, cfg.run.seed)
     ckpt = StandInCheckpointManager(actor, engine)
-    backend = VerlBackend(cfg, rollout, actor, ckpt, tok, task_name="scheduled", divisor=num_workers,
-                          dp_size=dp_size, mini_batch_size=mini_batch_size)
+    backend = verl_backend(cfg, rollout, actor, ckpt, tok, task_name="scheduled", divisor=num_workers,
+                           dp_size=dp_size, mini_batch_size=mini_batch_size)
     return backend
 
 
@@ -453,9 +459,9 @@ def runs(model_dir):
     """The same Trainer, T steps, over the embedded backend and over VerlBackend with stand-in workers."""
     cfg = make_cfg(model_dir)
     task_e, task_v = ScheduledTask(), ScheduledTask()
-    emb = Trainer(cfg, EmbeddedBackend(cfg), task_e, task_e.problems)
+    emb = make_trainer(cfg, make_backend(cfg), task_e, task_e.problems)
     backend = make_verl(cfg)
-    ver = Trainer(cfg, backend, task_v, task_v.problems)
+    ver = make_trainer(cfg, backend, task_v, task_v.problems)
     out = {"emb": [], "ver": [], "alpha_ok": [], "calls_per_step": []}
     for t in range(1, T + 1):
         out["emb"].append(emb.step(t))
@@ -508,7 +514,8 @@ def test_behaviour_logprobs_are_the_engines(runs, model_dir):
     enc = fresh.encode(g.problem)
     ids = torch.cat([enc["input_ids"], torch.tensor(s.tokens)])[None]
     mask = torch.ones_like(ids)
-    logp = _token_logprobs(fresh.actor.policy, ids, mask, (mask.cumsum(-1) - 1), len(s.tokens), cfg.temperature)
+    logp = _token_logprobs(fresh.actor.policy, ids, mask, (mask.cumsum(-1) - 1), len(s.tokens),
+                           cfg.sampling.temperature)
     torch.testing.assert_close(logp[0], torch.tensor(s.logprobs), atol=1e-5, rtol=1e-4)
 
 
@@ -539,7 +546,7 @@ def test_resume_round_trip(model_dir, tmp_path):
     cfg = make_cfg(model_dir)
     task = ScheduledTask()
     a_backend = make_verl(cfg)
-    a = Trainer(cfg, a_backend, task, task.problems)
+    a = make_trainer(cfg, a_backend, task, task.problems)
     for t in range(1, 5):
         a.step(t)
     state = copy.deepcopy(a.state_dict())
@@ -549,7 +556,7 @@ def test_resume_round_trip(model_dir, tmp_path):
     cont = [uids(a.step(t)) for t in (5, 6)]
 
     b_backend = make_verl(cfg)
-    b = Trainer(cfg, b_backend, task_copy, task_copy.problems)
+    b = make_trainer(cfg, b_backend, task_copy, task_copy.problems)
     b.load_state_dict(state)
     b_backend.load_checkpoint(tmp_path / "ck")
     assert same(b_backend.rollout_manager.engine, alpha)  # the stale alpha is back in the engine
@@ -561,7 +568,7 @@ def test_batch_trimmed_for_data_parallel(model_dir):
     cfg = make_cfg(model_dir, use_x2="false", use_x3="false")
     task = ScheduledTask()
     backend = make_verl(cfg, dp_size=8, mini_batch_size=2)  # G=4: two groups per 8 sequences
-    tr = Trainer(cfg, backend, task, task.problems)
+    tr = make_trainer(cfg, backend, task, task.problems)
     for t in range(1, 4):
         r = tr.step(t)
         n = len(r.x1 + r.x2 + r.x3)
@@ -658,7 +665,7 @@ def test_ray_trainer_actor_forwards_to_verls_trainer_and_worker_group(model_dir)
     actor.load_checkpoint("/ck/step_4/actor")
     # VerlBackend with X2 and delay > 1 accepts it as a snapshotting actor and snapshots alpha at once
     tok = SimpleNamespace(pad_token_id=0, eos_token_id=1)
-    VerlBackend(make_cfg(model_dir), None, actor, None, tok, task_name="scheduled")
+    verl_backend(make_cfg(model_dir), None, actor, None, tok, task_name="scheduled")
 
     bound = []
     for side, method, args, kwargs in calls:
@@ -741,8 +748,9 @@ def test_update_metrics_reach_the_run_record(model_dir, tmp_path, monkeypatch):
             expect = float(np.mean(verl_metrics[name]))
             assert s[key] == pytest.approx(expect, rel=1e-12) and s[name] == s[key], (s["step"], key)
         assert s["entropy"] > 0 and s["grad_norm"] > 0  # computed from the model, not placeholders
-        assert s["actor/lr"] == cfg.lr
-        assert s["optimizer_steps"] == cfg.epochs * max(1, (s["trained_groups"] - s["trimmed_groups"]) // cfg.mini_batch_size)
+        assert s["actor/lr"] == cfg.optim.lr
+        trained = s["trained_groups"] - s["trimmed_groups"]
+        assert s["optimizer_steps"] == cfg.optim.epochs * max(1, trained // cfg.optim.mini_batch_size)
 
 
 def test_kl_term_reaches_the_record_columns(model_dir):
@@ -751,7 +759,7 @@ def test_kl_term_reaches_the_record_columns(model_dir):
     task = ScheduledTask()
     backend = make_verl(cfg)
     ref = weights(backend.actor.ref)
-    tr = Trainer(cfg, backend, task, task.problems)
+    tr = make_trainer(cfg, backend, task, task.problems)
     results = [tr.step(t) for t in range(1, 4)]
     assert len(backend.actor.batches) == 3 and all("ref_log_prob" in b.batch.keys() for b in backend.actor.batches)
     for r in results:
@@ -774,24 +782,26 @@ def test_presets_compose_with_verls_real_config(task):
     cfg, vcfg = load_configs(str(ROOT / "bapo_vl" / "presets" / f"verl_{task}.yaml"),
                              ["bapo.delay=3", "bapo.loss=balanced_clip", "bapo.lr=3e-6", "verl.trainer.nnodes=2"])
     paper = load_config(task)  # the verl preset starts from our paper preset
-    assert (cfg.task, cfg.model, cfg.batch_size, cfg.max_response_length) == \
-        (task, paper.model, paper.batch_size, paper.max_response_length)
-    assert cfg.delay == 3 and cfg.lr == 3e-6 and vcfg.trainer.nnodes == 2
+    assert (cfg.run.task, cfg.run.model, cfg.sampling.batch_size, cfg.sampling.max_response_length) == \
+        (task, paper.run.model, paper.sampling.batch_size, paper.sampling.max_response_length)
+    assert cfg.bapo.delay == 3 and cfg.optim.lr == 3e-6 and vcfg.trainer.nnodes == 2
     r, a = vcfg.actor_rollout_ref.rollout, vcfg.actor_rollout_ref.actor
-    assert r.free_cache_engine is False and r.calculate_log_probs is True and r.n == cfg.group_size
-    assert vcfg.actor_rollout_ref.model.path == cfg.model and r.response_length == cfg.max_response_length
+    assert r.free_cache_engine is False and r.calculate_log_probs is True and r.n == cfg.sampling.group_size
+    assert vcfg.actor_rollout_ref.model.path == cfg.run.model and r.response_length == cfg.sampling.max_response_length
     assert a.optim.lr == 3e-6 and a.policy_loss.loss_mode == "bapo_balanced_clip"
-    assert a.kl_loss_coef == cfg.kl_coef and a.use_kl_loss is (cfg.kl_coef > 0) and a.entropy_coeff == cfg.entropy_coef
+    loss = cfg.loss
+    assert a.kl_loss_coef == loss.kl_coef and a.use_kl_loss is (loss.kl_coef > 0)
+    assert a.entropy_coeff == loss.entropy_coef
     for key, (_, value) in derived_settings(cfg).items():
         node = vcfg
         for part in key.split("."):
             node = node[part]
         assert node == value, key
-    validate_verl_config(r.name, r.free_cache_engine, cfg.delay)
+    validate_verl_config(r.name, r.free_cache_engine, cfg.bapo.delay)
     assert vcfg.reward.custom_reward_function.name == "compute_score" and vcfg.trainer.use_v1 is False
     actor = omega_conf_to_dataclass(a)  # as verl's actor worker builds it; its own checks accept it
-    actor.validate(n_gpus=8, train_batch_size=cfg.batch_size)
-    assert isinstance(actor, ActorConfig) and actor.clip_ratio_low == cfg.clip_low and actor.loss_agg_mode == cfg.loss_agg
+    actor.validate(n_gpus=8, train_batch_size=cfg.sampling.batch_size)
+    assert isinstance(actor, ActorConfig) and actor.clip_ratio_low == loss.clip_low and actor.loss_agg_mode == loss.agg
 
 
 @pytest.mark.parametrize("task", ["tiny", "countdown", "math", "geometry3k"])
@@ -812,7 +822,7 @@ def test_bapo_train_backend_verl_composes_what_verl_main_composes(task):
     front = load_config(f"verl_{task}", overrides=["delay=3", "lr=3e-6", "verl.trainer.nnodes=2"])
     by_file = load_config(file=str(path), overrides=["backend=verl", "delay=3", "lr=3e-6", "verl.trainer.nnodes=2"])
     old_cfg, old_vcfg = load_configs(str(path), ["bapo.delay=3", "bapo.lr=3e-6", "verl.trainer.nnodes=2"])
-    assert front == by_file == old_cfg and (front.backend, front.delay, front.lr) == ("verl", 3, 3e-6)
+    assert front == by_file == old_cfg and (front.run.backend, front.bapo.delay, front.optim.lr) == ("verl", 3, 3e-6)
     keys = {**{k: str(v) for k, v in yaml.safe_load(path.read_text())["verl"].items()}, "trainer.nnodes": "2"}
     with initialize_config_dir(config_dir=str(Path(verl.__file__).parent / "trainer" / "config"), version_base=None):
         expected = compose(config_name="ppo_trainer", overrides=[f"{k}={v}" for k, v in keys.items()])
@@ -932,8 +942,8 @@ def test_verl_actor_computes_our_loss(loss, extra):
     logp = old + torch.randn(6, 9, generator=gen, dtype=torch.float64) * 0.6
     adv = torch.randn(6, 1, generator=gen, dtype=torch.float64).expand(6, 9)
     mask = (torch.arange(9)[None] < torch.tensor([[9], [7], [3], [9], [1], [5]])).double()
-    ours_mat, _ = get_policy_loss(cfg.loss)(logp, old, adv, mask, cfg.loss_config())
-    ours = aggregate(ours_mat, mask, cfg.loss_agg)
+    ours_mat, _ = get_policy_loss(cfg.loss.name)(logp, old, adv, mask, cfg.loss)
+    ours = aggregate(ours_mat, mask, cfg.loss.agg)
     theirs, _ = get_policy_loss_fn(actor.policy_loss.loss_mode)(old_log_prob=old, log_prob=logp, advantages=adv,
                                                               response_mask=mask.bool(), loss_agg_mode=actor.loss_agg_mode,
                                                               config=actor)
@@ -957,7 +967,7 @@ def test_vl_update_batch_positions_match_the_models_own(tmp_path):
     proc = hf_processor(str(tmp_path / "vl"))
     tok = AutoTokenizer.from_pretrained(tmp_path / "vl")
     cfg = make_cfg(tmp_path / "vl", task="geometry3k", max_prompt_length=4096, use_x2="false")
-    backend = VerlBackend(cfg, None, None, None, tok, proc, task_name="geometry3k")
+    backend = verl_backend(cfg, None, None, None, tok, proc, task_name="geometry3k")
     problems = [p for p in _problems("geometry3k", 40)]
     first = problems[0]
     other = next(p for p in problems if p.images[0].size != first.images[0].size)
@@ -1089,9 +1099,10 @@ def test_qwen2_5_vl_trains_through_verl_backend(tmp_path):
     load = lambda: Qwen2_5_VLForConditionalGeneration.from_pretrained(tmp_path / "vl", dtype=torch.float32).eval()
     policy, engine = load(), load()
     actor = VLStandInActor(policy, cfg, dp_size=1)
-    backend = VerlBackend(cfg, VLStandInRollout(engine, proc, cfg.max_response_length, cfg.temperature, cfg.seed),
-                          actor, StandInCheckpointManager(actor, engine), tok, proc, task_name="geometry3k")
-    tr = Trainer(cfg, backend, task, task.problems)
+    rollout = VLStandInRollout(engine, proc, cfg.sampling.max_response_length, cfg.sampling.temperature, cfg.run.seed)
+    backend = verl_backend(cfg, rollout, actor, StandInCheckpointManager(actor, engine), tok, proc,
+                           task_name="geometry3k")
+    tr = make_trainer(cfg, backend, task, task.problems)
     vision_before = weights(policy.model.visual)
     results = [tr.step(t) for t in range(1, 5)]
     assert sum(len(r.x3) for r in results) > 0 and len(actor.batches) == 4
@@ -1132,11 +1143,14 @@ def test_resume_takes_the_runs_recorded_config_not_the_presets(tmp_path):
     conn.close()
     preset = ROOT / "bapo_vl" / "presets" / "verl_geometry3k.yaml"  # a different task and hub model
     cfg, vcfg = load_configs(str(preset), [f"bapo.resume={run}", "bapo.steps=3", "verl.trainer.nnodes=2"])
-    assert (cfg.task, cfg.batch_size, cfg.lr, cfg.steps, cfg.resume) == ("countdown", 4, 3e-4, 3, str(run))
-    assert cfg.backend == "verl" and cfg.verl == {**load_config("verl_geometry3k").verl, "trainer.nnodes": "2"}
+    assert (cfg.run.task, cfg.sampling.batch_size, cfg.optim.lr, cfg.run.steps, cfg.run.resume) == \
+        ("countdown", 4, 3e-4, 3, str(run))
+    assert cfg.run.backend == "verl"
+    assert cfg.verl.overrides == {**load_config("verl_geometry3k").verl.overrides, "trainer.nnodes": "2"}
     assert vcfg.actor_rollout_ref.model.path == load_configs(str(ROOT / "bapo_vl" / "presets" / "verl_tiny.yaml"),
                                                              [])[1].actor_rollout_ref.model.path
     assert vcfg.trainer.nnodes == 2 and vcfg.data.image_key == "images"  # the command line's, then the preset's
     # `bapo train resume=DIR`: the recorded config alone (this older record has no verl: keys)
     resumed = resume_config(run, ["steps=3", "verl.trainer.nnodes=2"])
-    assert (resumed.backend, resumed.verl, resumed.task) == ("verl", {"trainer.nnodes": "2"}, "countdown")
+    assert (resumed.run.backend, resumed.verl.overrides, resumed.run.task) == \
+        ("verl", {"trainer.nnodes": "2"}, "countdown")

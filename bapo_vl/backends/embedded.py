@@ -100,15 +100,16 @@ class PromptEncoder:
     vision-language model) render a problem's chat-formatted prompt, so prompt lengths can be checked before the
     weights load."""
 
-    def __init__(self, path, cfg):
-        self.max_prompt_length = cfg.max_prompt_length
+    def __init__(self, path, sampling):
+        self.max_prompt_length = sampling.max_prompt_length
         config = AutoConfig.from_pretrained(path)
         self.is_vl = hasattr(config, "vision_config")
         # M-RoPE positions once per prompt, so scoring and updates do not recompute them in every forward
         self.positions = PromptPositions(config) if self.is_vl and PromptPositions.supported(config) else None
         self.vision_inputs = VisionInputs(config.vision_config) if self.is_vl else None
         if self.is_vl:
-            self.processor = AutoProcessor.from_pretrained(path, min_pixels=cfg.min_pixels, max_pixels=cfg.max_pixels)
+            self.processor = AutoProcessor.from_pretrained(path, min_pixels=sampling.min_pixels,
+                                                           max_pixels=sampling.max_pixels)
             self.tokenizer = self.processor.tokenizer
         else:
             self.processor = None
@@ -137,19 +138,23 @@ class PromptEncoder:
 
 
 class EmbeddedBackend:
+    """`model` sampled and trained as the config's groups say (config.SamplingSettings, OptimSettings, LossConfig
+    and this backend's EmbeddedOptions) on `device`; `steps` is the run's length (the learning-rate schedule's), and
+    alpha gets a copy of its own when it lags pi_theta (`delay` > 1)."""
     name = "embedded"
 
-    def __init__(self, cfg):
-        self.cfg = cfg
-        self.device = torch.device("cuda" if cfg.device == "auto" and torch.cuda.is_available()
-                                   else "cpu" if cfg.device == "auto" else cfg.device)
+    def __init__(self, model: str, sampling, optim, loss, options, *, device: str, seed: int, steps: int, delay: int):
+        self.sampling, self.optim, self.loss, self.options = sampling, optim, loss, options
+        self.seed, self.steps = seed, steps
+        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
+                                   else "cpu" if device == "auto" else device)
         on_gpu = self.device.type == "cuda"
         # Trainer weights stay fp32 (bf16 updates underflow at lr 1e-6); compute runs under bf16 autocast on GPU.
         self.autocast_dtype = {"auto": torch.bfloat16 if on_gpu else None, "float32": None,
-                               "bfloat16": torch.bfloat16}[cfg.dtype]
-        torch.manual_seed(cfg.seed)
-        path = resolve_model(cfg.model)
-        self.encoder = PromptEncoder(path, cfg)
+                               "bfloat16": torch.bfloat16}[options.dtype]
+        torch.manual_seed(seed)
+        self.path = path = resolve_model(model)
+        self.encoder = PromptEncoder(path, sampling)
         self.is_vl, self.processor, self.tokenizer = self.encoder.is_vl, self.encoder.processor, self.encoder.tokenizer
         model_class = AutoModelForImageTextToText if self.is_vl else AutoModelForCausalLM
         self.policy = model_class.from_pretrained(path, dtype=torch.float32)
@@ -157,16 +162,16 @@ class EmbeddedBackend:
             use_segment_attention(self.policy)  # the rollout and reference copies below inherit it
         self.policy.to(self.device).eval()  # eval(): no dropout; gradients still flow
         frozen_dtype = self.autocast_dtype or torch.float32
-        self.rollout = self._frozen_copy(frozen_dtype) if cfg.delay > 1 else self.policy
-        self.ref = self._frozen_copy(frozen_dtype) if cfg.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+        self.rollout = self._frozen_copy(frozen_dtype) if delay > 1 else self.policy
+        self.ref = self._frozen_copy(frozen_dtype) if loss.kl_coef > 0 else None
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
         # what the update's forward and backward run on: pi_theta itself, or its bf16 ComputeCopy
         self.compute = (ComputeCopy(self.policy, self.autocast_dtype)
-                        if cfg.mixed_precision == "compute_copy" and self.autocast_dtype is not None else None)
+                        if options.mixed_precision == "compute_copy" and self.autocast_dtype is not None else None)
         self.trained = self.compute.model if self.compute is not None else self.policy
-        self.critic = ValueModel(self.policy).to(self.device) if cfg.critic else None
-        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr,
-                                                   weight_decay=cfg.weight_decay) if self.critic else None)
+        self.critic = ValueModel(self.policy).to(self.device) if optim.critic else None
+        self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=optim.critic_lr,
+                                                   weight_decay=optim.weight_decay) if self.critic else None)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         gen_cfg = getattr(self.policy, "generation_config", None)
         eos = gen_cfg.eos_token_id if gen_cfg is not None and gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
@@ -177,22 +182,22 @@ class EmbeddedBackend:
                          if i is not None] or None
         # A complete sampling config, so nothing from the model's generation_config.json (repetition_penalty,
         # ...) changes the distribution: the stored log-probs must be those of what was sampled.
-        self.sampling = GenerationConfig(
-            do_sample=True, temperature=cfg.temperature, top_p=cfg.top_p, top_k=max(cfg.top_k, 0),
-            max_new_tokens=cfg.max_response_length, pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
+        self.generation = GenerationConfig(
+            do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=max(sampling.top_k, 0),
+            max_new_tokens=sampling.max_response_length, pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
             suppress_tokens=self.suppress)
-        self.greedy = GenerationConfig(do_sample=False, max_new_tokens=cfg.max_response_length, pad_token_id=self.pad_id,
-                                       eos_token_id=sorted(self.eos_ids), suppress_tokens=self.suppress)
+        self.greedy = GenerationConfig(do_sample=False, max_new_tokens=sampling.max_response_length,
+                                       pad_token_id=self.pad_id, eos_token_id=sorted(self.eos_ids),
+                                       suppress_tokens=self.suppress)
         # generate() fills fields left at their global default from model.generation_config, so the model's
         # own config is swapped out while training (and restored when saving).
         self.model_generation_config = self.policy.generation_config
         for model in {id(m): m for m in (self.policy, self.rollout, self.ref) if m is not None}.values():
-            model.generation_config = self.sampling
-        if cfg.top_p < 1 or cfg.top_k > 0:
+            model.generation_config = self.generation
+        if sampling.top_p < 1 or sampling.top_k > 0:
             log.warning("top_p/top_k truncate sampling, but behaviour log-probs are those of the full "
                         "temperature-scaled distribution (the paper uses top_p=1, top_k=-1)")
-        self.loss_cfg = cfg.loss_config()
-        self.rng = random.Random(cfg.seed)
+        self.rng = random.Random(seed)
         self.timings: Counter = Counter()  # seconds inside generate (base.Backend.timings)
         self.engine = make_engine(self)  # what samples rollouts; logged by `bapo train` in its first lines
 
@@ -268,7 +273,7 @@ class EmbeddedBackend:
         with self._autocast():
             hidden = model.model(**batch, use_cache=False).last_hidden_state  # (B, L, H)
         rows = hidden[:, P - 1:P - 1 + n_response][valid]  # (n, H): the state before each response token
-        grad_entropy = torch.is_grad_enabled() and self.cfg.entropy_coef != 0
+        grad_entropy = torch.is_grad_enabled() and self.loss.entropy_coef != 0
         head = lambda h, t: self._head_logprobs(model.lm_head, h, t, with_entropy)  # noqa: E731
         parts = [checkpoint(head, h, t, use_reentrant=False) if torch.is_grad_enabled() else head(h, t)
                  for h, t in zip(rows.split(LOGIT_ROWS), targets[valid].split(LOGIT_ROWS))]
@@ -284,7 +289,7 @@ class EmbeddedBackend:
     def _head_logprobs(self, lm_head, hidden, targets, with_entropy: bool):
         """(n,) log-probs of `targets` and (n,) entropies (or None) from (n, H) hidden states, in float32."""
         with self._autocast():
-            logits = lm_head(hidden).float() / self.cfg.temperature  # (n, V)
+            logits = lm_head(hidden).float() / self.sampling.temperature  # (n, V)
         logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
         return logp, entropy_from_logits(logits) if with_entropy else None
 
@@ -293,7 +298,7 @@ class EmbeddedBackend:
         """(N, R) log-probs of each response's tokens under `model`, right-padded with 0 (on CPU). Sequences are
         batched in order of length, `score_batch_size` at a time, so each batch is padded little."""
         out = torch.zeros(len(responses), max(len(r) for r in responses))
-        for idx in _chunks(_by_length(list(range(len(prompts))), prompts, responses), self.cfg.score_batch_size):
+        for idx in _chunks(_by_length(list(range(len(prompts))), prompts, responses), self.options.score_batch_size):
             batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
             R = max(len(responses[i]) for i in idx)
             logp, _ = self._token_logprobs(model, batch, R)
@@ -331,7 +336,7 @@ class EmbeddedBackend:
         micro-batches of `micro_batch_size` sequences of similar length (each is padded to its longest; the loss is
         normalised by the mini-batch's token and sequence counts, so the split does not change it). Per-token tensors
         are (N, R) on CPU; micro-batches move."""
-        cfg = self.cfg
+        optim = self.optim
         rows = batch.sequences()
         group = [g for g, *_ in rows]
         prompts = [p for _, p, *_ in rows]
@@ -341,30 +346,30 @@ class EmbeddedBackend:
         behaviour = right_pad([r.logprobs for _, _, r, *_ in rows], R)
         ref = self.score(self.ref, prompts, responses) if self.ref is not None else None
         # [code]'s truncated IS: ratio against the proximal policy (pi_theta before this update)
-        old, is_w = old_logprobs(behaviour, cfg.tis_threshold, lambda: self.score(self.trained, prompts, responses))
+        old, is_w = old_logprobs(behaviour, optim.tis_threshold, lambda: self.score(self.trained, prompts, responses))
         values = returns = None
         if self.critic is not None:  # BA-PPO: token-level GAE advantages from the critic, fixed for the epochs
             adv, values, returns = self._gae(prompts, responses, [w for *_, w, _ in rows], mask)
         else:
             adv = torch.tensor([a for *_, a in rows])[:, None] * mask
         groups = sorted(set(group))
-        lr = cfg.lr * lr_factor(batch.step, cfg.steps, cfg.lr_schedule, cfg.lr_warmup_steps, cfg.min_lr_ratio)
+        lr = optim.lr * lr_factor(batch.step, self.steps, optim.lr_schedule, optim.lr_warmup_steps, optim.min_lr_ratio)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         per_mini: list[dict] = []
-        for _ in range(cfg.epochs):
+        for _ in range(optim.epochs):
             self.rng.shuffle(groups)
-            for mini in mini_batches(groups, cfg.mini_batch_size):
+            for mini in mini_batches(groups, optim.mini_batch_size):
                 members = set(mini)
                 idx = [i for i, g in enumerate(group) if g in members]
-                if cfg.loss not in MICRO_BATCH_STATISTICS:  # similar lengths share a micro-batch: little padding
+                if self.loss.name not in MICRO_BATCH_STATISTICS:  # similar lengths share a micro-batch: little padding
                     idx = _by_length(idx, prompts, responses)
                 n_tokens = sum(len(responses[i]) for i in idx)
                 self.optimizer.zero_grad(set_to_none=True)
                 terms = dict(mask=mask, adv=adv, old=old, ref=ref, is_w=is_w)
                 micro_metrics = [self._backward(micro, prompts, responses, terms, n_tokens, len(idx))
-                                 for micro in _chunks(idx, cfg.micro_batch_size)]
-                grad_norm = clipped_step(self.optimizer, self.policy, cfg.grad_clip, batch.step)
+                                 for micro in _chunks(idx, self.options.micro_batch_size)]
+                grad_norm = clipped_step(self.optimizer, self.policy, optim.grad_clip, batch.step)
                 if self.compute is not None:
                     self.compute.refresh()
                 per_mini.append(_combine(micro_metrics) | {"grad_norm": grad_norm})
@@ -385,7 +390,7 @@ class EmbeddedBackend:
         cut = lambda t: None if t is None else t[micro, :R].to(self.device)  # noqa: E731
         batch = self._collate([prompts[i] for i in micro], [responses[i] for i in micro])
         logp, entropy = self._token_logprobs(self.trained, batch, R, with_entropy=True)
-        loss, metrics = total_loss(logp, cut(terms["old"]), cut(terms["adv"]), cut(terms["mask"]), self.loss_cfg,
+        loss, metrics = total_loss(logp, cut(terms["old"]), cut(terms["adv"]), cut(terms["mask"]), self.loss,
                                    ref_logp=cut(terms["ref"]), entropy=entropy, is_weights=cut(terms["is_w"]),
                                    n_tokens=n_tokens, n_seqs=n_seqs)
         loss.backward()
@@ -404,7 +409,7 @@ class EmbeddedBackend:
     def _gae(self, prompts, responses, rewards, mask) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(advantages, old values V(s_t), returns), each (N, R) on CPU: GAE over the critic's values."""
         values = torch.zeros_like(mask)
-        for idx in _chunks(list(range(len(responses))), self.cfg.micro_batch_size):
+        for idx in _chunks(list(range(len(responses))), self.options.micro_batch_size):
             v = self._values(prompts, responses, idx).float().cpu()
             values[idx, :v.shape[1]] = v
         adv, ret = gae_advantages(torch.tensor(rewards, dtype=torch.float32), values * mask, mask)
@@ -414,14 +419,14 @@ class EmbeddedBackend:
         """One optimizer step of the critic on the mini-batch `idx`: clipped value loss against the GAE returns."""
         self.critic_optimizer.zero_grad(set_to_none=True)
         parts = []
-        for micro in _chunks(idx, self.cfg.micro_batch_size):
+        for micro in _chunks(idx, self.options.micro_batch_size):
             R = max(len(responses[i]) for i in micro)
             cut = lambda t: t[micro, :R].to(self.device)  # noqa: E731
             loss, m = value_loss(self._values(prompts, responses, micro).float(), cut(values), cut(returns),
-                                 cut(mask), self.cfg.value_clip, "token-mean", n_tokens=n_tokens)
+                                 cut(mask), self.optim.value_clip, "token-mean", n_tokens=n_tokens)
             loss.backward()
             parts.append((m, sum(len(responses[i]) for i in micro)))
-        clipped_step(self.critic_optimizer, self.critic, self.cfg.grad_clip, step)
+        clipped_step(self.critic_optimizer, self.critic, self.optim.grad_clip, step)
         return {"vf_loss": sum(m["vf_loss"] for m, _ in parts),
                 "vf_clipfrac": sum(m["vf_clipfrac"] * n for m, n in parts) / max(1, sum(n for _, n in parts))}
 
@@ -433,7 +438,7 @@ class EmbeddedBackend:
         try:
             self.policy.save_pretrained(path)
         finally:
-            self.policy.generation_config = self.sampling
+            self.policy.generation_config = self.generation
         (self.processor or self.tokenizer).save_pretrained(path)
 
     def save_checkpoint(self, path, step: int):

@@ -48,8 +48,8 @@ def choose_engine(name: str, device: torch.device) -> str:
 
 
 def make_engine(backend) -> RolloutEngine:
-    name = choose_engine(backend.cfg.rollout_engine, backend.device)
-    if name != "vllm" and backend.cfg.vllm_options:
+    name = choose_engine(backend.options.rollout_engine, backend.device)
+    if name != "vllm" and backend.options.vllm_options:
         log.warning("vllm_options are ignored: the rollout engine is %s", name)
     return {"transformers": TransformersEngine, "vllm": VllmEngine}[name](backend)
 
@@ -79,15 +79,15 @@ class TransformersEngine:
     def sample(self, prompts, n, policy, greedy):
         b = self.backend
         model = b.rollout if policy == "rollout" else b.policy
-        sampling = b.greedy if greedy else b.sampling
+        generation = b.greedy if greedy else b.generation
         flat = [p for p in prompts for _ in range(n)]
         tokens: list[list[int]] = []
-        for i in range(0, len(flat), b.cfg.generate_batch_size):
-            batch = b._collate(flat[i:i + b.cfg.generate_batch_size])
+        for i in range(0, len(flat), b.options.generate_batch_size):
+            batch = b._collate(flat[i:i + b.options.generate_batch_size])
             P = batch.pop("P")
             batch.pop("position_ids", None)  # generate derives positions from the mask
             with b._autocast():
-                out = model.generate(**batch, generation_config=sampling)
+                out = model.generate(**batch, generation_config=generation)
             tokens += [cut_at_eos(row, b.eos_ids) for row in out[:, P:].tolist()]
         return tokens
 
@@ -122,7 +122,7 @@ class VllmEngine:
     name = "vllm"
 
     def __init__(self, backend):
-        if clash := sorted(set(backend.cfg.vllm_options) & FIXED_BY_CONFIG):
+        if clash := sorted(set(backend.options.vllm_options) & FIXED_BY_CONFIG):
             raise ValueError(f"vllm_options may not set {clash}: the engine derives them from the config")
         if importlib.util.find_spec("vllm") is None:
             raise ImportError("rollout_engine=vllm needs vLLM: pip install 'bapo-vl[vllm]' (or rollout_engine=auto)")
@@ -133,24 +133,23 @@ class VllmEngine:
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # collective_rpc reaches the in-process worker
         from vllm import LLM, SamplingParams
 
-        from bapo_vl.models import resolve_model
-
-        self.backend, cfg = backend, backend.cfg
-        fixed = dict(model=resolve_model(cfg.model), dtype="bfloat16", seed=cfg.seed, enable_sleep_mode=True,
-                     max_model_len=cfg.max_prompt_length + cfg.max_response_length,
+        self.backend, sampling = backend, backend.sampling
+        fixed = dict(model=backend.path, dtype="bfloat16", seed=backend.seed, enable_sleep_mode=True,
+                     max_model_len=sampling.max_prompt_length + sampling.max_response_length,
                      skip_tokenizer_init=not backend.is_vl,  # token ids in and out for text: ours may not load there
-                     mm_processor_kwargs={"min_pixels": cfg.min_pixels, "max_pixels": cfg.max_pixels}
+                     mm_processor_kwargs={"min_pixels": sampling.min_pixels, "max_pixels": sampling.max_pixels}
                      if backend.is_vl else None)
         assert set(fixed) == FIXED_BY_CONFIG
         # decode is bandwidth-bound: wide batches; the trainer needs the rest of the card
-        self.llm = LLM(**fixed, **{"gpu_memory_utilization": 0.3, "max_num_seqs": 1024, **cfg.vllm_options})
+        self.llm = LLM(**fixed, **{"gpu_memory_utilization": 0.3, "max_num_seqs": 1024,
+                                   **backend.options.vllm_options})
         stop = sorted(backend.eos_ids)
-        common = dict(max_tokens=cfg.max_response_length, stop_token_ids=stop, detokenize=False,
+        common = dict(max_tokens=sampling.max_response_length, stop_token_ids=stop, detokenize=False,
                       # as the transformers engine's suppress_tokens: an image placeholder in a response breaks scoring
                       logit_bias={t: -100.0 for t in backend.suppress} if backend.suppress else None)
         # logprobs are not asked for: the backend scores alpha's with the trainer's model code.
-        self.sampling = lambda n: SamplingParams(n=n, temperature=cfg.temperature, top_p=cfg.top_p, top_k=cfg.top_k,
-                                                 seed=int(torch.randint(2 ** 31, ())), **common)
+        self.sampling = lambda n: SamplingParams(n=n, temperature=sampling.temperature, top_p=sampling.top_p,
+                                                 top_k=sampling.top_k, seed=int(torch.randint(2 ** 31, ())), **common)
         self.greedy = SamplingParams(n=1, temperature=0.0, **common)
         self.load_weights(backend.rollout.state_dict())
 

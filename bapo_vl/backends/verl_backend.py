@@ -156,7 +156,9 @@ def trainable_groups(n_groups: int, group_size: int, mini_batch_size: int, dp_si
 
 
 class VerlBackend:
-    """Backend over verl workers. `rollout_manager`: generate_sequences(DataProto) -> DataProto (verl's
+    """Backend over verl workers, sampling and training as the config's groups say (config.SamplingSettings,
+    OptimSettings, LossConfig; verl's own options went into verl's config, verl_launch.compose), for BAPO's `delay`
+    and `use_x2`. `rollout_manager`: generate_sequences(DataProto) -> DataProto (verl's
     AgentLoopManager); `actor`: update_actor(DataProto) -> DataProto and, for X2 with delay>1,
     save_model_to_cpu / restore_model_from_cpu / clear_cpu_model (verl's DetachActorWorker), compute_ref_log_prob and
     compute_log_prob when KL / truncated IS are on; `checkpoint_manager`: update_weights(global_steps) (verl's
@@ -164,25 +166,27 @@ class VerlBackend:
     name = "verl"
 
 
-    def __init__(self, cfg, rollout_manager, actor, checkpoint_manager, tokenizer, processor=None, *,
-                 task_name: str | None = None, divisor: int = 1, dp_size: int = 1, mini_batch_size: int | None = None,
-                 micro_batch_size_per_gpu: int = 1,
+    def __init__(self, sampling, optim, loss, rollout_manager, actor, checkpoint_manager, tokenizer, processor=None, *,
+                 task_name: str, delay: int, use_x2: bool, divisor: int = 1, dp_size: int = 1,
+                 mini_batch_size: int | None = None, micro_batch_size_per_gpu: int = 1,
                  rollout_name: str = "vllm", free_cache_engine: bool = False, position_ids_fn=None):
-        validate_verl_config(rollout_name, free_cache_engine, cfg.delay)
-        if cfg.critic:
+        validate_verl_config(rollout_name, free_cache_engine, delay)
+        if optim.critic:
             raise VerlConfigError("critic=True (BA-PPO) runs on the embedded backend only: verl's critic worker is "
                                   "not wired into VerlBackend")
-        self.cfg, self.rollout_manager, self.actor, self.checkpoint_manager = cfg, rollout_manager, actor, checkpoint_manager
+        self.sampling, self.optim, self.loss = sampling, optim, loss
+        self.rollout_manager, self.actor, self.checkpoint_manager = rollout_manager, actor, checkpoint_manager
         self.tokenizer, self.processor = tokenizer, processor
         self.timings: Counter = Counter()  # seconds inside generate: all "sample" (vLLM returns the log-probs)
-        self.task_name = task_name or cfg.task
+        self.task_name = task_name
         self.divisor, self.dp_size, self.micro_per_gpu = divisor, dp_size, micro_batch_size_per_gpu
-        self.mini_batch_size = mini_batch_size or cfg.mini_batch_size
-        if (self.mini_batch_size * cfg.group_size) % (dp_size * micro_batch_size_per_gpu):
-            raise VerlConfigError(f"mini_batch_size*group_size={self.mini_batch_size * cfg.group_size} sequences must "
+        self.mini_batch_size = mini_batch_size or optim.mini_batch_size
+        sequences = self.mini_batch_size * sampling.group_size
+        if sequences % (dp_size * micro_batch_size_per_gpu):
+            raise VerlConfigError(f"mini_batch_size*group_size={sequences} sequences must "
                                   f"be divisible by the data-parallel size {dp_size} times ppo_micro_batch_size_per_gpu "
                                   f"{micro_batch_size_per_gpu}")
-        self.snapshots = cfg.delay > 1 and cfg.use_x2
+        self.snapshots = delay > 1 and use_x2
         if self.snapshots and not all(hasattr(actor, m) for m in ("save_model_to_cpu", "restore_model_from_cpu")):
             raise VerlConfigError("re-evaluation (use_x2) with delay>1 needs an actor worker with save_model_to_cpu / "
                                   "restore_model_from_cpu (verl.experimental.separation.engine_workers.DetachActorWorker)"
@@ -219,9 +223,9 @@ class VerlBackend:
         else:
             text = self.tokenizer.apply_chat_template(raw_prompt, add_generation_prompt=True, tokenize=False)
             ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"])
-        if len(ids) > self.cfg.max_prompt_length:
+        if len(ids) > self.sampling.max_prompt_length:
             raise ValueError(f"prompt {problem.uid} has {len(ids)} tokens (images included), more than "
-                             f"max_prompt_length={self.cfg.max_prompt_length}")
+                             f"max_prompt_length={self.sampling.max_prompt_length}")
         return {"row": fields, "input_ids": ids, "multi_modal_inputs": mm}
 
     def decode(self, tokens: list[int]) -> str:
@@ -318,7 +322,7 @@ class VerlBackend:
         else:
             position_ids = compute_position_id_with_mask(attention_mask)
         non_tensors = {"uid": object_array([str(g) for g, *_ in rows])}
-        meta = {"temperature": self.cfg.temperature, "global_steps": batch.step,
+        meta = {"temperature": self.sampling.temperature, "global_steps": batch.step,
                 "global_token_num": attention_mask.sum(-1).tolist()}
         if any(m for m in mm if m):
             non_tensors["multi_modal_inputs"] = object_array(mm)
@@ -333,21 +337,22 @@ class VerlBackend:
         if batch.advantages is None:
             raise VerlConfigError("the verl backend needs the trainer's advantages (critic=True is embedded-only)")
         self.step = batch.step
-        keep = trainable_groups(len(batch), self.cfg.group_size, self.mini_batch_size, self.dp_size, self.micro_per_gpu)
+        keep = trainable_groups(len(batch), self.sampling.group_size, self.mini_batch_size, self.dp_size,
+                                self.micro_per_gpu)
         metrics = {"trimmed_groups": len(batch) - keep}
         if keep == 0:
             return UpdateResult(changed=False, metrics=metrics)
         data = self.batch_to_dataproto(batch.select(list(range(keep))))
         behaviour = data.batch["old_log_probs"]
-        old, is_w = old_logprobs(behaviour, self.cfg.tis_threshold,
+        old, is_w = old_logprobs(behaviour, self.optim.tis_threshold,
                                  lambda: self.actor.compute_log_prob(data).batch["old_log_probs"])
         if is_w is not None:  # ratio against the proximal policy, truncated IS to alpha
             data.batch["old_log_probs"], data.batch["rollout_log_probs"] = old, behaviour
             data.batch["rollout_is_weights"] = is_w * data.batch["response_mask"]
-        if self.cfg.kl_coef > 0:
+        if self.loss.kl_coef > 0:
             data = data.union(self.actor.compute_ref_log_prob(data))
         out = self.actor.update_actor(data)
-        metrics["optimizer_steps"] = self.cfg.epochs * max(1, keep // self.mini_batch_size)
+        metrics["optimizer_steps"] = self.optim.epochs * max(1, keep // self.mini_batch_size)
         self.alpha_stale = True
         verl_metrics = {k: float(np.mean(v)) if isinstance(v, (list, tuple, np.ndarray)) else float(v)
                         for k, v in (out.meta_info.get("metrics", {}) if out is not None else {}).items()}
@@ -358,7 +363,7 @@ class VerlBackend:
         out = {}
         for ours, names in VERL_METRICS.items():
             value = next((verl_metrics[n] for n in names if n in verl_metrics), None)
-            if value is None and ours == "kl" and self.cfg.kl_coef == 0:
+            if value is None and ours == "kl" and self.loss.kl_coef == 0:
                 value = 0.0
             if value is None:
                 log.warning("verl's actor returned none of %s: the record's %s column stays empty", names, ours)

@@ -49,39 +49,39 @@ class BalancedClipLossConfig(PolicyLossConfig):
     bac_dual_clip: float = LossConfig.bac_dual_clip
 
 
-def actor_settings(cfg) -> dict[str, tuple[str, object]]:
-    """verl config keys under actor_rollout_ref.actor that our Config decides: {key: (our field, value)}.
-    verl_launch.compose refuses `verl.` overrides of them, so each setting has one place."""
-    if cfg.loss not in VERL_LOSS_MODE:
-        raise ValueError(f"loss={cfg.loss!r} has no verl counterpart; on verl use one of {', '.join(VERL_LOSS_MODE)}")
-    if cfg.lr_schedule not in VERL_LR_SCHEDULES:
-        raise ValueError(f"lr_schedule={cfg.lr_schedule!r} has no verl counterpart; on verl use one of "
+def actor_settings(optim, loss: LossConfig) -> dict[str, tuple[str, object]]:
+    """verl config keys under actor_rollout_ref.actor that our config's optim and loss groups decide:
+    {key: (our field's key, value)}. verl_launch.compose refuses `verl.` overrides of them, so each setting has one
+    place."""
+    if loss.name not in VERL_LOSS_MODE:
+        raise ValueError(f"loss={loss.name!r} has no verl counterpart; on verl use one of {', '.join(VERL_LOSS_MODE)}")
+    if optim.lr_schedule not in VERL_LR_SCHEDULES:
+        raise ValueError(f"lr_schedule={optim.lr_schedule!r} has no verl counterpart; on verl use one of "
                          f"{', '.join(VERL_LR_SCHEDULES)}")
     settings = {
-        "policy_loss.loss_mode": ("loss", VERL_LOSS_MODE[cfg.loss]),
-        "clip_ratio_low": ("clip_low", cfg.clip_low),
-        "clip_ratio_high": ("clip_high", cfg.clip_high),
-        "clip_ratio_c": ("dual_clip", cfg.dual_clip if cfg.dual_clip is not None else NO_DUAL_CLIP),
-        "loss_agg_mode": ("loss_agg", cfg.loss_agg),
-        "use_kl_loss": ("kl_coef", cfg.kl_coef > 0),
-        "kl_loss_coef": ("kl_coef", cfg.kl_coef),
+        "policy_loss.loss_mode": ("loss", VERL_LOSS_MODE[loss.name]),
+        "clip_ratio_low": ("clip_low", loss.clip_low),
+        "clip_ratio_high": ("clip_high", loss.clip_high),
+        "clip_ratio_c": ("dual_clip", loss.dual_clip if loss.dual_clip is not None else NO_DUAL_CLIP),
+        "loss_agg_mode": ("loss_agg", loss.agg),
+        "use_kl_loss": ("kl_coef", loss.kl_coef > 0),
+        "kl_loss_coef": ("kl_coef", loss.kl_coef),
         "kl_loss_type": ("kl_coef", "low_var_kl"),  # verl's name for the k3 estimator (clamped to [-10, 10])
-        "entropy_coeff": ("entropy_coef", cfg.entropy_coef),
-        "ppo_epochs": ("epochs", cfg.epochs),
-        "ppo_mini_batch_size": ("mini_batch_size", cfg.mini_batch_size),
-        "grad_clip": ("grad_clip", cfg.grad_clip),  # legacy dp_actor
-        "optim.clip_grad": ("grad_clip", cfg.grad_clip),  # verl 0.9.1's engine worker clips with this one
-        "optim.lr": ("lr", cfg.lr),
-        "optim.lr_scheduler_type": ("lr_schedule", VERL_LR_SCHEDULES[cfg.lr_schedule]),
-        "optim.lr_warmup_steps": ("lr_warmup_steps", cfg.lr_warmup_steps),
-        "optim.min_lr_ratio": ("min_lr_ratio", cfg.min_lr_ratio),
-        "optim.weight_decay": ("weight_decay", cfg.weight_decay),
+        "entropy_coeff": ("entropy_coef", loss.entropy_coef),
+        "ppo_epochs": ("epochs", optim.epochs),
+        "ppo_mini_batch_size": ("mini_batch_size", optim.mini_batch_size),
+        "grad_clip": ("grad_clip", optim.grad_clip),  # legacy dp_actor
+        "optim.clip_grad": ("grad_clip", optim.grad_clip),  # verl 0.9.1's engine worker clips with this one
+        "optim.lr": ("lr", optim.lr),
+        "optim.lr_scheduler_type": ("lr_schedule", VERL_LR_SCHEDULES[optim.lr_schedule]),
+        "optim.lr_warmup_steps": ("lr_warmup_steps", optim.lr_warmup_steps),
+        "optim.min_lr_ratio": ("min_lr_ratio", optim.min_lr_ratio),
+        "optim.weight_decay": ("weight_decay", optim.weight_decay),
     }
-    if cfg.loss == "balanced_clip":
-        lc = cfg.loss_config()
+    if loss.name == "balanced_clip":
         settings["policy_loss._target_"] = ("loss", f"{__name__}.{BalancedClipLossConfig.__name__}")
         settings |= {f"policy_loss.{k}": (k, list(v) if isinstance(v, tuple) else v)
-                     for k in BALANCED_CLIP_FIELDS for v in [getattr(lc, k)]}
+                     for k in BALANCED_CLIP_FIELDS for v in [getattr(loss, k)]}
     return settings
 
 

@@ -91,20 +91,19 @@ def main(argv: list[str]) -> int:
     import torch
 
     from bapo_vl.backends.base import UpdateBatch
-    from bapo_vl.backends.embedded import EmbeddedBackend
     from bapo_vl.backends.engines import TransformersEngine
     from bapo_vl.config import load_config
-    from bapo_vl.train import load_problems
+    from bapo_vl.train import load_problems, make_backend
 
     preset = argv[argv.index("--preset") + 1] if "--preset" in argv else "tiny"
     argv = [a for i, a in enumerate(argv) if a != "--preset" and (i == 0 or argv[i - 1] != "--preset")]
     cfg = load_config(preset, None, ["device=cuda", "rollout_engine=vllm", "delay=5", "lr=3e-3", "temperature=1.0",
                                      *argv])
-    backend = EmbeddedBackend(cfg)
+    backend = make_backend(cfg)
     engine = backend.engine
-    emit(engine=engine.name, model=cfg.model, card=torch.cuda.get_device_name(0))
+    emit(engine=engine.name, model=cfg.run.model, card=torch.cuda.get_device_name(0))
     assert engine.name == "vllm", engine.name
-    _, problems = load_problems(cfg)
+    _, problems = load_problems(cfg.run)
     prompts = [backend.encode(p) for p in problems[:16]]
     results: dict[str, bool] = {}
 

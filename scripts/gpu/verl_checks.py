@@ -33,15 +33,16 @@ def run(cfg, vcfg) -> int:
     import torch
 
     from bapo_vl.backends.base import UpdateBatch
-    from bapo_vl.backends.verl_backend import ALPHA, CURRENT, VerlBackend, build_verl_workers
+    from bapo_vl.backends.verl_backend import ALPHA, CURRENT, build_verl_workers
     from bapo_vl.plugins import get_task
-    from bapo_vl.trainer import Trainer
+    from bapo_vl.train import make_trainer
+    from bapo_vl.verl_launch import make_verl_backend
 
     _, workers = build_verl_workers(vcfg)
-    backend = VerlBackend(cfg, task_name=cfg.task, **workers)
-    task = get_task(cfg.task, cfg.tasks_dirs)
-    problems = task.load(split="train", **cfg.task_options)
-    trainer = Trainer(cfg, backend, task, problems)
+    backend = make_verl_backend(cfg, **workers)
+    task = get_task(cfg.run.task, cfg.run.tasks_dirs)
+    problems = task.load(split="train", **cfg.run.task_options)
+    trainer = make_trainer(cfg, backend, task, problems)
     actor = backend.actor
 
     def actor_logprobs(prompts, responses, weights: str) -> list[torch.Tensor]:
@@ -98,7 +99,7 @@ def run(cfg, vcfg) -> int:
     backend.generate = watched_generate
     trainer_step = [0]
     probes, stored = [], []
-    for t in range(1, cfg.steps + 1):
+    for t in range(1, cfg.run.steps + 1):
         trainer_step[0] = t
         result = trainer.step(t)
         m = result.metrics
@@ -135,16 +136,16 @@ def run(cfg, vcfg) -> int:
     # resume: checkpoint, move on, load it back
     with tempfile.TemporaryDirectory() as tmp:
         state = copy.deepcopy(trainer.state_dict())
-        backend.save_checkpoint(tmp, cfg.steps)
+        backend.save_checkpoint(tmp, cfg.run.steps)
         fixed = [g[0] for g in backend.generate(probe_prompts, 1)]
         before = actor_logprobs(probe_prompts, fixed, "current")
-        engine_gap_before = probe(cfg.steps, "before checkpoint load")["gap_alpha"]
-        trainer.step(cfg.steps + 1)  # actor, engine, buffers all move on
+        engine_gap_before = probe(cfg.run.steps, "before checkpoint load")["gap_alpha"]
+        trainer.step(cfg.run.steps + 1)  # actor, engine, buffers all move on
         trainer.load_state_dict(copy.deepcopy(state))
         backend.load_checkpoint(tmp)
         after = actor_logprobs(probe_prompts, fixed, "current")
         actor_same = max(float((a - b).abs().max()) for a, b in zip(after, before))
-        restored = probe(cfg.steps, "after checkpoint load")
+        restored = probe(cfg.run.steps, "after checkpoint load")
         verdict("resume", actor_same < 1e-6 and restored["gap_alpha"] < TOLERANCE
                 and list(trainer.state.bad.groups) == state["bad"]["uids"]
                 and list(trainer.state.high.groups) == state["high"]["uids"],
