@@ -298,7 +298,7 @@ class Trainer:
             "response_length": mean([len(s.tokens) for g in fresh for s in g.samples]),
             **{f"t_{k}": self.timings.get(k, 0.0) for k in ("generate", "verify", "train", "sync")},
             **{f"t_generate_{k}": v for k, v in self.backend.timings.items()},  # where generate's time went
-            "optimizer_steps": 0,  # a step that trained nothing
+            "optimizer_steps": 0, "trained_tokens": 0,  # a step that trained nothing
             **{k: v for k, v in train_metrics.items()},
             "verdicts": dict(self.verdicts),
         }

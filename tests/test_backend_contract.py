@@ -96,10 +96,13 @@ def test_update_returns_every_metric_as_a_float(kind, model_dir, tmp_path):
     missing = set(UPDATE_METRICS) - set(metrics)
     assert not missing, f"{kind} dropped {sorted(missing)}"
     for name in UPDATE_METRICS:
-        kind_of = int if name == "optimizer_steps" else float
+        kind_of = int if name in ("optimizer_steps", "trained_tokens") else float
         assert type(metrics[name]) is kind_of and math.isfinite(metrics[name]), (name, metrics[name])
     assert metrics["grad_norm"] > 0 and metrics["entropy"] > 0 and metrics["kl"] >= 0
     assert metrics["optimizer_steps"] == 1 and metrics["lr"] == cfg.optim.lr  # 4 groups <= mini_batch_size, no schedule
+    # every sequence's prompt and response once: 4 prompts x G responses
+    assert metrics["trained_tokens"] == sum(len(p["input_ids"]) + len(r.tokens)
+                                            for p, group in zip(prompts, responses) for r in group)
 
 
 def test_the_update_result_is_checked_and_frozen():
@@ -149,7 +152,7 @@ def test_metric_names_reach_the_run_record(kind, model_dir, tmp_path):
     assert trained, "no step trained a group: the test proves nothing"
     for s in trained:
         for name in UPDATE_METRICS:
-            kind_of = int if name == "optimizer_steps" else float
+            kind_of = int if name in ("optimizer_steps", "trained_tokens") else float
             assert isinstance(s.get(name), kind_of) and math.isfinite(s[name]), (s["step"], name, s.get(name))
     # final/ is a Hugging Face model holding the trained weights (verl: merged by verl's own model merger)
     from transformers import AutoModelForCausalLM

@@ -739,7 +739,7 @@ def test_update_metrics_reach_the_run_record(model_dir, tmp_path, monkeypatch):
     assert trained and len(trained) == len(backend.actor.metrics)
     for s, verl_metrics in zip(trained, backend.actor.metrics):
         for key in UPDATE_METRICS:
-            kind_of = int if key == "optimizer_steps" else float
+            kind_of = int if key in ("optimizer_steps", "trained_tokens") else float
             assert isinstance(s.get(key), kind_of) and math.isfinite(s[key]), (s["step"], key, s.get(key))
         for key, name in RECORD_FROM_VERL.items():  # the record's column is verl's number
             if key == "kl":  # kl_coef == 0: no reference policy, no KL term, kl is 0.0 (as on the embedded backend)

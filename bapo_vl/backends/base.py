@@ -35,8 +35,10 @@ UPDATE_METRICS: dict[str, str] = {
     "grad_norm": "gradient norm before clipping, mean over optimizer steps",
     "optimizer_steps": "optimizer steps taken on this batch (mini-batches x epochs, less any skipped)",
     "lr": "the learning rate of this step's optimizer steps",
+    "trained_tokens": ("prompt + response tokens of the sequences trained on, each counted once (EasyR1's "
+                       "global_token_num): over a step's seconds and GPUs, tokens/s per GPU (bapo_vl.perf)"),
 }
-"""The metrics of every update that changed the policy (python floats; optimizer_steps an int), named as the run
+"""The metrics of every update that changed the policy (python floats; optimizer_steps and trained_tokens ints), named as the run
 record's columns. A backend may return more (its own names); these are checked by UpdateResult."""
 
 

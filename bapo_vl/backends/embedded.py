@@ -382,6 +382,7 @@ class EmbeddedBackend:
         out["skipped_steps"] = sum(not math.isfinite(m["grad_norm"]) for m in per_mini)  # clipped_step skipped them
         out["optimizer_steps"] = len(per_mini) - out["skipped_steps"]
         out["lr"] = lr
+        out["trained_tokens"] = sum(len(p["input_ids"]) + len(r) for p, r in zip(prompts, responses))
         return out
 
     def _backward(self, micro, prompts, responses, terms: dict, n_tokens, n_seqs) -> dict:

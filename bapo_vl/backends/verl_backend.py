@@ -67,7 +67,7 @@ VERL_METRICS = {
     "grad_norm": ("actor/grad_norm",),
     "lr": ("actor/lr", "lr"),
 }
-COUNTED = ("optimizer_steps",)  # counted here, from the groups verl trains on
+COUNTED = ("optimizer_steps", "trained_tokens")  # counted here, from the groups verl trains on
 assert set(VERL_METRICS) | set(COUNTED) == set(UPDATE_METRICS)
 
 
@@ -353,6 +353,7 @@ class VerlBackend:
             data = data.union(self.actor.compute_ref_log_prob(data))
         out = self.actor.update_actor(data)
         metrics["optimizer_steps"] = self.optim.epochs * max(1, keep // self.mini_batch_size)
+        metrics["trained_tokens"] = int(data.batch["attention_mask"].sum())
         self.alpha_stale = True
         verl_metrics = {k: float(np.mean(v)) if isinstance(v, (list, tuple, np.ndarray)) else float(v)
                         for k, v in (out.meta_info.get("metrics", {}) if out is not None else {}).items()}
