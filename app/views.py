@@ -45,6 +45,7 @@ HARD_SEEN = "first seen at 0/G (cumulative)"
 HARD_SOLVED = "later reached ≥ 1/G (cumulative)"
 ROLLOUT_KINDS = {"rollouts": "all", "rollouts_fresh": "fresh", "rollouts_reevaluated": "re-evaluation"}
 STALENESS = "staleness"  # derived: policy_version - rollout_version
+UPDATE_SPEED = "update_tokens_per_s"  # derived: trained_tokens / t_train
 # Training health: one chart per group of per-step scalars (title, y-axis title, {metric: legend label}); a metric
 # the run did not record is left out, a chart with none is left empty
 HEALTH = (
@@ -62,6 +63,8 @@ HEALTH = (
     ("Generate: where its time went", "seconds per step",
      {"t_generate": "all of generate", "t_generate_sample": "sampling (rollout engine)",
       "t_generate_logprobs": "behaviour log-probs (embedded backend)"}),
+    ("Update speed: prompt + response tokens trained per second of the update", "tokens / s",
+     {UPDATE_SPEED: "tokens / s (all GPUs)"}),
 )
 MAX_BARS = 125  # stacked bar charts show at most this many bars (means of consecutive steps beyond)
 MAX_POINTS = 250  # line charts draw at most about this many points per series (beyond, a min/max envelope)
@@ -579,10 +582,13 @@ def measured(metrics: pd.DataFrame, config: dict) -> pd.DataFrame:
 
 def health_frames(metrics: pd.DataFrame, config: dict | None = None) -> list[tuple[str, str, pd.DataFrame]]:
     """(title, y-axis title, long frame (step, value, series)) per HEALTH chart, from the table of every per-step
-    metric (Run.metrics(), through `measured`); the derived staleness is added here, and the KL chart says when
-    the KL term is off."""
+    metric (Run.metrics(), through `measured`); the derived staleness and update speed are added here, and the KL
+    chart says when the KL term is off."""
     if STALENESS not in metrics and {"policy_version", "rollout_version"} <= set(metrics):
         metrics = metrics.assign(**{STALENESS: metrics["policy_version"] - metrics["rollout_version"]})
+    if UPDATE_SPEED not in metrics and {"trained_tokens", "t_train"} <= set(metrics):
+        trained = (metrics["trained_tokens"] > 0) & (metrics["t_train"] > 0)  # a step that trained nothing: no point
+        metrics = metrics.assign(**{UPDATE_SPEED: (metrics["trained_tokens"] / metrics["t_train"]).where(trained)})
     kl_off = (config or {}).get("kl_coef") == 0
     return [(f"{title} ({KL_OFF})" if kl_off and "kl" in cols else title, y_title,
              long(metrics, "step", cols, "value", "series")) for title, y_title, cols in HEALTH]

@@ -346,6 +346,14 @@ def test_cli_needs_a_password_to_listen_beyond_localhost(runs, capsys):
     assert cmd_dashboard(_parse(["dashboard", str(runs[0].parent / "nope")])) == 2
 
 
+def test_update_speed_is_tokens_trained_over_the_update_time():
+    # Could fail if the derived speed divided other columns, or drew a point for a step that trained nothing.
+    metrics = pd.DataFrame({"step": [1, 2, 3], "trained_tokens": [1000, 0, 3000], "t_train": [2.0, 0.5, 0.0]})
+    frames = {title: df for title, _, df in views.health_frames(metrics)}
+    (speed,) = [df for title, df in frames.items() if title.startswith("Update speed")]
+    assert speed[["step", "value"]].values.tolist() == [[1, 500.0]]
+
+
 def test_views_label_bins_in_order():
     assert views.bin_labels(8) == [f"{i}/8" for i in range(9)]
     assert views.bin_labels(16)[:3] == ["00/16", "01/16", "02/16"]  # text order = bin order
@@ -856,7 +864,7 @@ def test_training_health_plots_every_recorded_scalar_with_an_eta(page, runs):
         f"{RUNNING_STEPS - RUNNING_AT} steps left at {per_step:.1f} s/step")
     metrics = views.measured(Run(running).metrics(), Run(running).config())
     for i, (title, _, cols) in enumerate(views.HEALTH):  # one line per scalar measured, in its group
-        present = [c for c in cols if c in metrics or c == views.STALENESS]
+        present = [c for c in cols if c in metrics or c in (views.STALENESS, views.UPDATE_SPEED)]
         assert present, title
         wait_marks(page, f"health-{i}", "line")
         assert marks(page, f"health-{i}", "line") == len(present), title
