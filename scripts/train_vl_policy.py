@@ -455,6 +455,7 @@ def main(argv=None):
     stopped_early = False
     t0 = time.time()
     steps_done = 0
+    mark, mark_step = t0, 0  # the step time is taken over the steps since the last log line, evaluation left out
     for step in range(args.steps):
         if step and args.max_seconds is not None and time.time() - t0 > args.max_seconds:
             stopped_early = True
@@ -482,10 +483,14 @@ def main(argv=None):
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         steps_done = step + 1
-        if steps_done % args.log_every == 0 or step == 0 or steps_done == args.steps:
-            lv = loss.item()
-            log.append({"step": steps_done, "loss": round(lv, 5), "seconds": round(time.time() - t0, 1)})
-            line = f"step {steps_done}/{args.steps} loss {lv:.4f} lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s"
+        logged = steps_done % args.log_every == 0 or step == 0 or steps_done == args.steps
+        if logged:
+            lv = loss.item()  # waits for the step: the time below is the device's too
+            step_s = (time.time() - mark) / (steps_done - mark_step)
+            log.append({"step": steps_done, "loss": round(lv, 5), "seconds": round(time.time() - t0, 1),
+                        "step_seconds": round(step_s, 4)})
+            line = (f"step {steps_done}/{args.steps} loss {lv:.4f} lr {opt.param_groups[0]['lr']:.2e} "
+                    f"{time.time() - t0:.0f}s {step_s * 1000:.0f} ms/step")
             if args.eval_every and (steps_done % args.eval_every == 0 or steps_done == args.steps):
                 r = accuracy(model, processor, during, device, bf16, eval_batch)
                 curve.append({"step": steps_done, f"greedy_acc_{EVAL_DURING}": r["acc"], "numbers_read": r["read"]})
@@ -499,6 +504,8 @@ def main(argv=None):
                                     "numbers_read": r["read"]}
             (folder / "training.json").write_text(json.dumps({"step": steps_done, **snapshots[steps_done]}, indent=1))
             print(f"saved {folder}: {snapshots[steps_done]}", flush=True)
+        if logged or steps_done in save_at:
+            mark, mark_step = time.time(), steps_done
     train_s = time.time() - t0
     if log and log[-1]["step"] != steps_done:
         log.append({"step": steps_done, "loss": round(loss.item(), 5), "seconds": round(train_s, 1)})

@@ -42,6 +42,9 @@ def test_trains_saves_and_evaluates(trained):
     losses = [d["loss"] for d in meta["loss_log"]]
     assert meta["steps"] == 40 and len(losses) == 40
     assert losses[-1] < 0.5 * losses[0], losses
+    # the step time of every log line (log every step here): positive, and the run's whole time bounds their sum
+    step_seconds = [d["step_seconds"] for d in meta["loss_log"]]
+    assert all(t > 0 for t in step_seconds) and sum(step_seconds) <= meta["train_seconds"] + 0.06  # train_seconds: 0.1 s rounding
     model = AutoModelForImageTextToText.from_pretrained(out)
     processor = AutoProcessor.from_pretrained(out)
     assert sum(p.numel() for p in model.parameters()) == meta["params"] < 2_000_000
