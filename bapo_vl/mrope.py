@@ -20,6 +20,14 @@ from types import MethodType, SimpleNamespace
 
 import torch
 
+# the model types whose forwards these inputs were checked against (tests/test_mrope.py); others compute their own
+MODEL_TYPES = ("qwen2_vl", "qwen2_5_vl")
+
+
+def supported(config) -> bool:
+    """Whether PromptPositions and VisionInputs serve this model's config."""
+    return getattr(config, "model_type", None) in MODEL_TYPES
+
 
 class PromptPositions:
     """`positions(input_ids, mm_token_type_ids, image_grid_thw)` -> the (3, s) M-RoPE positions of one unpadded
@@ -28,14 +36,6 @@ class PromptPositions:
     def __init__(self, config):
         self.config = config
         self._index = None
-
-    @staticmethod
-    def supported(config) -> bool:
-        """Whether the config's model class has M-RoPE positions (get_rope_index) to compute."""
-        from transformers import AutoModel
-
-        model_class = AutoModel._model_mapping.get(type(config), None)
-        return model_class is not None and hasattr(model_class, "get_rope_index")
 
     def _bind(self):
         from transformers import AutoModel

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from bapo_vl.config import load_config
-from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions
+from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions, supported
 from bapo_vl.plugins import get_task
 from bapo_vl.tiny import build_qwen2_5_vl, build_qwen2
 
@@ -86,10 +86,10 @@ def test_prompt_positions_pickle_for_data_workers(tiny_vl):
     assert not torch.equal(before[1], before[2])
 
 
-def test_text_models_have_no_mrope():
+def test_text_models_have_no_mrope(tiny_vl):
     out = build_qwen2()
     model = out[0] if isinstance(out, tuple) else out
-    assert not PromptPositions.supported(model.config)
+    assert not supported(model.config) and supported(tiny_vl[0].config)
 
 
 def test_vision_inputs_are_what_the_tower_computes(tiny_vl):

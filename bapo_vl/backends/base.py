@@ -38,8 +38,8 @@ UPDATE_METRICS: dict[str, str] = {
     "trained_tokens": ("prompt + response tokens of the sequences trained on, each counted once (EasyR1's "
                        "global_token_num): over a step's seconds and GPUs, tokens/s per GPU (bapo_vl.perf)"),
 }
-"""The metrics of every update that changed the policy (python floats; optimizer_steps and trained_tokens ints), named as the run
-record's columns. A backend may return more (its own names); these are checked by UpdateResult."""
+"""The metrics of every update that changed the policy (python floats; optimizer_steps and trained_tokens ints),
+named as the run record's columns. A backend may return more (its own names); these are checked by UpdateResult."""
 
 
 @dataclass(frozen=True)

@@ -29,6 +29,7 @@ from bapo_vl.backends.mixed_precision import ComputeCopy
 from bapo_vl.backends.engines import make_engine
 from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
 from bapo_vl.models import resolve_model
+from bapo_vl import mrope
 from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.problem import Problem
@@ -104,9 +105,11 @@ class PromptEncoder:
         self.max_prompt_length = sampling.max_prompt_length
         config = AutoConfig.from_pretrained(path)
         self.is_vl = hasattr(config, "vision_config")
-        # M-RoPE positions once per prompt, so scoring and updates do not recompute them in every forward
-        self.positions = PromptPositions(config) if self.is_vl and PromptPositions.supported(config) else None
-        self.vision_inputs = VisionInputs(config.vision_config) if self.is_vl else None
+        # M-RoPE positions once per prompt and the vision tower's inputs once per list of image sizes, so scoring
+        # and updates do not recompute them in every forward
+        fast = self.is_vl and mrope.supported(config)
+        self.positions = PromptPositions(config) if fast else None
+        self.vision_inputs = VisionInputs(config.vision_config) if fast else None
         if self.is_vl:
             self.processor = AutoProcessor.from_pretrained(path, min_pixels=sampling.min_pixels,
                                                            max_pixels=sampling.max_pixels)
@@ -232,7 +235,7 @@ class EmbeddedBackend:
                 starts = [packed.P - len(p["input_ids"]) for p in prompts]
                 batch["position_ids"] = batch_positions([p["positions"] for p in prompts], starts,
                                                         packed.attention_mask)
-            if responses is not None and "image_grid_thw" in batch:
+            if responses is not None and "image_grid_thw" in batch and self.encoder.vision_inputs is not None:
                 batch |= self.encoder.vision_inputs(batch["image_grid_thw"])
         else:  # text models take positions from the mask so left padding does not shift them
             batch["position_ids"] = (packed.attention_mask.cumsum(-1) - 1).clamp(min=0)
