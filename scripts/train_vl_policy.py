@@ -16,7 +16,9 @@ written in the diagram, then the value, then the letter the choice verifier grad
     prompt    <|vision_start|><|image_pad|>x64<|vision_end|>Find x.\\nChoices:\\nA. 35 ... e.g. <answer>A</answer>.\\n
     response  40 65 -> 75 <answer>C</answer><|im_end|>
 
-The loss is on response tokens only (eos included); AdamW, linear warm-up then cosine decay, grad-clip 1, bf16
+The loss is on response tokens only (eos included), plus --glyph-loss times the glyph loss: a linear probe on the
+image tokens (GlyphHead, training only, not saved) names the character drawn in each image patch, so every digit in
+the diagram is supervised where it lies, not only through the response; AdamW, linear warm-up then cosine decay, grad-clip 1, bf16
 autocast on CUDA (weights fp32); the vision tower attends through bapo_vl.vision_attention (one attention call per
 layer for the whole batch of images). --max-seconds stops training when the wall time passes it; the model is
 then still saved and evaluated. At the end: greedy accuracy (through the real verifier, by kind) on the first
@@ -52,10 +54,12 @@ from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions  # noqa
 SIZES = {
     "geodraw-tiny": dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=256, vision_depth=2,
                          vision_hidden=64, vision_heads=2, vision_intermediate=128,
-                         vision_full_attention=False, steps=200, batch=16, problems=2000, lr=2e-3, warmup=20),
+                         vision_full_attention=False, steps=200, batch=16, problems=2000, lr=2e-3, warmup=20,
+                         glyph_loss=1.0),
     "geodraw-30m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536, vision_depth=6,
                         vision_hidden=256, vision_heads=4, vision_intermediate=1024,
-                        vision_full_attention=True, steps=3000, batch=192, problems=24_000, lr=1.5e-3, warmup=100),
+                        vision_full_attention=True, steps=3000, batch=192, problems=24_000, lr=1.5e-3, warmup=100,
+                        glyph_loss=1.0),
 }
 SHAPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vision_depth", "vision_hidden",
               "vision_heads", "vision_intermediate")
@@ -74,16 +78,58 @@ def get_task():
 TARGETS = ("read", "letter")
 
 
-def written_numbers(spec: dict) -> list[str]:
-    """The numbers written in a geodraw diagram, in drawing order (what a reader of the image must find)."""
-    kind = spec["kind"]
-    if kind == "triangle":
-        return [str(a) for i, a in enumerate(spec["angles"]) if i != spec["x_vertex"]]
-    if kind == "parallel":
-        return [str(spec["written"])]
-    if kind == "circle":
-        return [str(spec["given"])]
-    return [str(spec["w"]), str(spec["h"])]
+def written_numbers(spec: dict, image_size: int = 224) -> list[str]:
+    """The numbers written in a geodraw diagram, left to right (what a reader of the image must find, in an order
+    the image itself shows)."""
+    labels = sorted(get_task().module.layout(spec, image_size)["labels"], key=lambda lab: (lab[1], lab[2]))
+    return [t.rstrip("°") for t, _, _ in labels if t.rstrip("°").isdigit()]
+
+
+# --glyph-loss: every image patch's class, predicted from the image tokens the language model reads
+GLYPHS = "0123456789x°"  # class 1 + i; 0: no character's ink centre in the patch; the last: any other character
+GLYPH_CLASSES = len(GLYPHS) + 2
+
+
+def glyph_labels(problem, grid: torch.Tensor, merge: int) -> torch.Tensor:
+    """One class per image patch, in the processor's patch order (merge x merge blocks, row by row; inside a block
+    row by row): the character whose ink centre lies in the patch (GLYPHS), else 0."""
+    _, h, w = (int(x) for x in grid.reshape(-1)[:3])
+    side = problem.meta["image_size"]
+    labels = torch.zeros(h * w, dtype=torch.long)
+    for ch, x, y in get_task().module.layout(problem.meta["spec"], side)["glyphs"]:
+        py, px = min(h - 1, int(y * h / side)), min(w - 1, int(x * w / side))
+        at = ((py // merge) * (w // merge) + px // merge) * merge * merge + (py % merge) * merge + px % merge
+        if ch != "°" or labels[at] == 0:  # a degree sign sharing a patch (beside x, mostly) leaves it to the other
+            labels[at] = 1 + GLYPHS.index(ch) if ch in GLYPHS else GLYPH_CLASSES - 1
+    return labels
+
+
+class GlyphHead(torch.nn.Module):
+    """A linear probe on the vision tower's output (the image tokens the language model reads), trained beside the
+    policy and not saved with it: each image token predicts the class of each of the merge x merge patches it
+    covers. Every character in the diagram becomes a supervised label at its place, which teaches the tower to read
+    far sooner than the few digits of a response do."""
+
+    def __init__(self, model, merge: int):
+        super().__init__()
+        self.merge = merge
+        self.proj = torch.nn.Linear(model.config.text_config.hidden_size, merge * merge * GLYPH_CLASSES)
+        self.tokens = None
+        model.model.visual.register_forward_hook(self._keep)
+
+    def _keep(self, module, args, output):
+        self.tokens = output.pooler_output if hasattr(output, "pooler_output") else output
+
+    def loss(self, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cross-entropy of the last forward's image patches, the mean over patches with a character plus the mean
+        over those without (a few in a hundred have one: a plain mean is learned by answering "none" everywhere),
+        and the accuracy on patches with a character."""
+        logits = self.proj(self.tokens.float()).reshape(-1, GLYPH_CLASSES)
+        self.tokens = None
+        each = torch.nn.functional.cross_entropy(logits, labels, reduction="none")
+        ink = labels > 0
+        loss = each[ink].mean() + each[~ink].mean() if ink.any() else each.mean()
+        return loss, (logits.argmax(-1)[ink] == labels[ink]).float().mean()
 
 
 def target_text(problem, target: str = "read") -> str:
@@ -93,7 +139,8 @@ def target_text(problem, target: str = "read") -> str:
     letter = problem.answer["letter"]
     if target == "letter":
         return f"<answer>{letter}</answer>"
-    return f"{' '.join(written_numbers(problem.meta['spec']))} -> {problem.answer['value']} <answer>{letter}</answer>"
+    numbers = written_numbers(problem.meta["spec"], problem.meta["image_size"])
+    return f"{' '.join(numbers)} -> {problem.answer['value']} <answer>{letter}</answer>"
 
 
 def prompt_text(processor, problem) -> str:
@@ -133,10 +180,12 @@ class PixelCodec:
         return pv.reshape(-1, pv.shape[-1])
 
 
-def encode_row(processor, problem, target: str | None, positions: PromptPositions | None = None) -> dict:
+def encode_row(processor, problem, target: str | None, positions: PromptPositions | None = None,
+               glyphs: bool = False) -> dict:
     """One problem: prompt (+ response and eos unless target is None) ids, image-token markers, where the response
     starts, the image's grid and its pixel values (fp32, [patches, dim]); with `positions`, the prompt's M-RoPE
-    positions too (bapo_vl.mrope: computed here, on the CPU, instead of in every forward)."""
+    positions too (bapo_vl.mrope: computed here, on the CPU, instead of in every forward); with `glyphs`, each
+    patch's glyph class (glyph_labels)."""
     tok = processor.tokenizer
     enc = encode_prompt(processor, problem)
     ids = enc["input_ids"].tolist()
@@ -148,6 +197,8 @@ def encode_row(processor, problem, target: str | None, positions: PromptPosition
            "grid": enc["image_grid_thw"], "pixel_values": enc["pixel_values"]}
     if positions is not None:
         row["positions"] = positions(enc["input_ids"], torch.tensor(types), enc["image_grid_thw"])
+    if glyphs:
+        row["glyphs"] = glyph_labels(problem, enc["image_grid_thw"], processor.image_processor.merge_size)
     return row
 
 
@@ -169,6 +220,8 @@ def pad_rows(rows: list[dict], pad_id: int) -> dict:
     if "positions" in rows[0]:
         mask = (torch.arange(width)[None] < lengths[:, None]).long()
         out["positions"] = batch_positions([r["positions"] for r in rows], [0] * len(rows), mask)
+    if "glyphs" in rows[0]:
+        out["glyphs"] = torch.stack([r["glyphs"] for r in rows])
     return out
 
 
@@ -192,12 +245,12 @@ class Encoded:
     image-token markers, and pixel values as exact uint8 (PixelCodec)."""
 
     def __init__(self, problems, processor, with_response: bool = True, target: str = "read",
-                 positions: PromptPositions | None = None, vision: VisionInputs | None = None):
+                 positions: PromptPositions | None = None, vision: VisionInputs | None = None, glyphs: bool = False):
         tok = processor.tokenizer
         rows, pix = [], []
         self.codec = None
         for i, p in enumerate(problems):
-            row = encode_row(processor, p, target if with_response else None, positions)
+            row = encode_row(processor, p, target if with_response else None, positions, glyphs)
             if self.codec is None:
                 self.codec = PixelCodec(processor, row["pixel_values"].shape[1])
             pix.append(self.codec.to_bytes(row.pop("pixel_values")))
@@ -214,6 +267,7 @@ class Encoded:
         self.ids, self.types, self.labels = padded["ids"], padded["types"], padded["labels"]
         self.lengths, self.starts = padded["lengths"], padded["starts"]
         self.positions, self.vision = padded.get("positions"), vision
+        self.glyphs = padded.get("glyphs")  # [N, patches] or None
         self.problems = problems
 
     def __len__(self):
@@ -222,12 +276,13 @@ class Encoded:
     def pixels(self, idx, device) -> torch.Tensor:
         return self.codec.values(self.pix[idx], device)
 
-    def batch(self, idx: torch.Tensor, device) -> tuple[dict, torch.Tensor]:
-        """Model inputs for rows idx (right padded, trimmed to the longest) and their labels."""
+    def batch(self, idx: torch.Tensor, device) -> tuple[dict, torch.Tensor, torch.Tensor | None]:
+        """Model inputs for rows idx (right padded, trimmed to the longest), their labels and glyph labels."""
         inputs = model_inputs(self.ids[idx], self.types[idx], self.lengths[idx], self.grid,
                               self.pixels(idx, device), device,
                               None if self.positions is None else self.positions[:, idx], self.vision)
-        return inputs, self.labels[idx, :int(self.lengths[idx].max())].to(device)
+        glyphs = None if self.glyphs is None else self.glyphs[idx].reshape(-1).to(device)
+        return inputs, self.labels[idx, :int(self.lengths[idx].max())].to(device), glyphs
 
 
 CHUNK = 256  # problems a stream worker draws at once
@@ -240,8 +295,9 @@ class FreshProblems(torch.utils.data.IterableDataset):
     turn), so a run repeats. Memory stays that of a few batches, however many problems training sees."""
 
     def __init__(self, processor, target: str, batch: int, data_seed: int, image_size: int,
-                 positions: PromptPositions | None = None):
+                 positions: PromptPositions | None = None, glyphs: bool = False):
         self.processor, self.target, self.batch, self.positions = processor, target, batch, positions
+        self.glyphs = glyphs
         self.data_seed, self.image_size = data_seed, image_size
         self.codec = None
 
@@ -252,7 +308,7 @@ class FreshProblems(torch.utils.data.IterableDataset):
         while True:
             for p in task.load(split="train", n=CHUNK, seed=self.data_seed * 1_000_000 + c,
                                image_size=self.image_size):
-                row = encode_row(self.processor, p, self.target, self.positions)
+                row = encode_row(self.processor, p, self.target, self.positions, self.glyphs)
                 if self.codec is None:
                     self.codec = PixelCodec(self.processor, row["pixel_values"].shape[1])
                 row["pixel_values"] = self.codec.to_bytes(row["pixel_values"])
@@ -266,7 +322,8 @@ class FreshProblems(torch.utils.data.IterableDataset):
 
 def fresh_batches(processor, args, positions: PromptPositions):
     """An iterator over FreshProblems' batches, made by --data-workers processes (none: in this process)."""
-    data = FreshProblems(processor, args.target, args.batch, args.data_seed, args.image_size, positions)
+    data = FreshProblems(processor, args.target, args.batch, args.data_seed, args.image_size, positions,
+                         glyphs=args.glyph_loss > 0)
 
     def one_thread(_):
         torch.set_num_threads(1)
@@ -317,7 +374,7 @@ def accuracy(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64
     for p, r in zip(enc.problems, responses):
         ok = task.verify(r, p.answer) == Verdict.CORRECT
         right.append(ok)
-        read.append(sorted(r.split(" -> ")[0].split()) == sorted(written_numbers(p.meta["spec"])))
+        read.append(sorted(r.split(" -> ")[0].split()) == sorted(written_numbers(p.meta["spec"], p.meta["image_size"])))
         by_kind[p.meta["kind"]].append(ok)
     return {"n": len(right), "acc": sum(right) / max(1, len(right)), "read": sum(read) / max(1, len(read)),
             "by_kind": {k: round(sum(v) / len(v), 4) for k, v in sorted(by_kind.items())},
@@ -372,6 +429,9 @@ def main(argv=None):
     ap.add_argument("--vision-full-attention", action=argparse.BooleanOptionalAction, default=None,
                     help="full attention in every vision block (else every third and the last, 112 px windows "
                          "elsewhere, as Qwen2.5-VL)")
+    ap.add_argument("--glyph-loss", type=float,
+                    help="weight of the glyph loss (GlyphHead: each image patch's character, predicted from the "
+                         "image tokens; 0: off)")
     ap.add_argument("--image-size", type=int, default=224, help="side of the drawn image, px (max_pixels = its square)")
     ap.add_argument("--lr", type=float)
     ap.add_argument("--min-lr-ratio", type=float, default=0.0)
@@ -434,8 +494,9 @@ def main(argv=None):
     bad = [p.uid for p in train_problems[:64] if task.verify(target_text(p, args.target), p.answer) != Verdict.CORRECT]
     assert not bad, f"the verifier does not grade the target correct: {bad}"
     positions, vision = PromptPositions(model.config), VisionInputs(model.config.vision_config)
-    data = Encoded(train_problems, processor, target=args.target, positions=positions,
-                   vision=vision)  # with fresh data: only the encoding checks
+    glyphs = args.glyph_loss > 0
+    data = Encoded(train_problems, processor, target=args.target, positions=positions, vision=vision,
+                   glyphs=glyphs)  # with fresh data: only the encoding checks
     test = Encoded(test_problems, processor, with_response=False)
     batches = fresh_batches(processor, args, positions) if fresh else None
     print(f"problems {'fresh every step' if fresh else len(data)} train, {len(test)} test (encoded in "
@@ -443,9 +504,11 @@ def main(argv=None):
           f"params {n_params:,} (vision {n_vision:,}), device {device}, bf16 {bf16}", flush=True)
     during = Encoded(test_problems[:EVAL_DURING], processor, with_response=False) if (args.eval_every or save_at) else None
 
+    head = GlyphHead(model, processor.image_processor.merge_size) if glyphs else None
     model.to(device).train()
-    decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
+    trained = list(model.named_parameters()) + (list(head.to(device).named_parameters()) if head else [])
+    decay = [p for n, p in trained if p.ndim >= 2]
+    no_decay = [p for n, p in trained if p.ndim < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": args.weight_decay},
                              {"params": no_decay, "weight_decay": 0.0}], lr=args.lr, betas=(0.9, 0.95),
                             **({"fused": True} if device.type == "cuda" else {}))
@@ -466,21 +529,25 @@ def main(argv=None):
             inputs = model_inputs(b["ids"], b["types"], b["lengths"], b["grid"], data.codec.values(b["pix"], device),
                                   device, b["positions"], vision)
             y = b["labels"][:, :int(b["lengths"].max())].to(device)
+            glyph_y = b["glyphs"].reshape(-1).to(device) if glyphs else None
         else:
             if pos + args.batch > len(perm):
                 perm, pos = torch.randperm(len(data), generator=gen), 0
             idx = perm[pos:pos + args.batch]
             pos += args.batch
-            inputs, y = data.batch(idx, device)
+            inputs, y, glyph_y = data.batch(idx, device)
         for g in opt.param_groups:
             g["lr"] = args.lr * lr_factor(step + 1, args.steps, "cosine", args.warmup, args.min_lr_ratio)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
             logits = model(**inputs).logits
-        loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
-                                                 y[:, 1:].reshape(-1), ignore_index=-100)
+            loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, logits.shape[-1]),
+                                                     y[:, 1:].reshape(-1), ignore_index=-100)
+            if head is not None:
+                glyph_loss, glyph_acc = head.loss(glyph_y)
+        total = loss + args.glyph_loss * glyph_loss if head is not None else loss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        total.backward()
+        torch.nn.utils.clip_grad_norm_([p for _, p in trained], 1.0)
         opt.step()
         steps_done = step + 1
         logged = steps_done % args.log_every == 0 or step == 0 or steps_done == args.steps
@@ -489,8 +556,11 @@ def main(argv=None):
             step_s = (time.time() - mark) / (steps_done - mark_step)
             log.append({"step": steps_done, "loss": round(lv, 5), "seconds": round(time.time() - t0, 1),
                         "step_seconds": round(step_s, 4)})
-            line = (f"step {steps_done}/{args.steps} loss {lv:.4f} lr {opt.param_groups[0]['lr']:.2e} "
-                    f"{time.time() - t0:.0f}s {step_s * 1000:.0f} ms/step")
+            line = f"step {steps_done}/{args.steps} loss {lv:.4f}"
+            if head is not None:
+                log[-1] |= {"glyph_loss": round(glyph_loss.item(), 5), "glyph_acc": round(glyph_acc.item(), 4)}
+                line += f" glyph loss {log[-1]['glyph_loss']:.4f} acc {log[-1]['glyph_acc']:.3f}"
+            line += f" lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s {step_s * 1000:.0f} ms/step"
             if args.eval_every and (steps_done % args.eval_every == 0 or steps_done == args.steps):
                 r = accuracy(model, processor, during, device, bf16, eval_batch)
                 curve.append({"step": steps_done, f"greedy_acc_{EVAL_DURING}": r["acc"], "numbers_read": r["read"]})
@@ -533,7 +603,7 @@ def main(argv=None):
         "problems": steps_done * args.batch if fresh else len(data),
         "epochs": 1.0 if fresh else round(steps_done * args.batch / len(data), 2), "image_size": args.image_size,
         "max_pixels": args.image_size ** 2, "image_tokens": int(data.grid.prod()) // 4,
-        "target": args.target, "target_example": target_text(train_problems[0], args.target) + processor.tokenizer.eos_token,
+        "target": args.target, "glyph_loss": args.glyph_loss, "target_example": target_text(train_problems[0], args.target) + processor.tokenizer.eos_token,
         "shape": {k: getattr(args, k) for k in SHAPE_KEYS} | {"vocab": len(processor.tokenizer),
                                                                "vision_full_attention": args.vision_full_attention},
         "params": n_params, "vision_params": n_vision, "lr": args.lr, "warmup": args.warmup,
@@ -574,7 +644,9 @@ def training_md(m: dict, size: int) -> str:
         + (f"{m['problems']:,} problems, each drawn once (--data fresh)" if m.get("data") == "fresh" else
            f"{m['problems']:,} problems ({m['epochs']} epochs)")
         + f"{stop}; AdamW lr {m['lr']} (warm-up {m['warmup']}, "
-        f"cosine over {m['steps_planned']} steps), weight decay {m['weight_decay']}; loss on response tokens only",
+        f"cosine over {m['steps_planned']} steps), weight decay {m['weight_decay']}; loss on response tokens only"
+        + (f", plus {m['glyph_loss']} x the glyph loss (a linear probe on the image tokens names the character in "
+           "each image patch; the probe is not saved)" if m.get("glyph_loss") else ""),
         f"- shape: text hidden {s['hidden']}, layers {s['layers']}, heads {s['heads']} (kv {s['kv_heads']}), "
         f"intermediate {s['intermediate']}, vocab {s['vocab']}, tied embeddings; vision depth {s['vision_depth']}, "
         f"hidden {s['vision_hidden']}, heads {s['vision_heads']}, intermediate {s['vision_intermediate']}; "

@@ -76,15 +76,19 @@ def test_read_target_copies_the_numbers_drawn():
     seen = set()
     for p in task.load(split="train", limit=64, image_size=SIDE):
         spec, kind = p.meta["spec"], p.meta["kind"]
-        numbers = script.written_numbers(spec)
+        numbers = script.written_numbers(spec, SIDE)
         seen.add(kind)
         if kind == "triangle":
             assert sorted(map(int, numbers)) == sorted(spec["key"][2:]) and len(numbers) == 2
             assert sum(map(int, numbers)) + spec["answer"] == 180
         elif kind == "rectangle":
-            assert numbers == [str(spec["w"]), str(spec["h"])]
+            assert sorted(numbers) == sorted([str(spec["w"]), str(spec["h"])])
         else:
             assert len(numbers) == 1
+        # left to right in the image: the order a reader of the image can know
+        xs = [x for t, x, _ in task.module.layout(spec, SIDE)["labels"] if t.rstrip("°").isdigit()]
+        assert len(xs) == len(numbers) and [t.rstrip("°") for t, x, _ in sorted(
+            task.module.layout(spec, SIDE)["labels"], key=lambda lab: lab[1]) if t.rstrip("°").isdigit()] == numbers
         text = script.target_text(p, "read")
         assert text.startswith(" ".join(numbers) + " -> " + p.answer["value"] + " ")
 
@@ -163,7 +167,7 @@ def test_training_batches_carry_the_positions_the_model_would_compute():
     problems = script.get_task().load(split="train", n=5, seed=0, image_size=SIDE)
     enc = script.Encoded(problems, processor, positions=script.PromptPositions(model.config),
                          vision=script.VisionInputs(model.config.vision_config))
-    inputs, _ = enc.batch(torch.arange(5), "cpu")
+    inputs, _, _ = enc.batch(torch.arange(5), "cpu")
     position_ids = inputs.pop("position_ids")
     vision = {k: inputs.pop(k) for k in list(inputs) if k.startswith("image_") and k != "image_grid_thw"}
     assert len(vision) == 4
@@ -176,3 +180,54 @@ def test_training_batches_carry_the_positions_the_model_would_compute():
         computed = model(**inputs).logits
     mask = inputs["attention_mask"].bool()
     torch.testing.assert_close(given[mask], computed[mask], rtol=0, atol=0)
+
+
+def test_glyph_labels_mark_the_patches_where_characters_are_drawn():
+    # Could fail if a label pointed at another patch than the one its character is drawn in (the processor's patch
+    # order is merge x merge blocks, not rows), or if a drawn character had no label: the glyph loss would teach the
+    # vision tower nonsense. Checked against the pixel values the processor makes, not against our own layout.
+    from bapo_vl.tiny import build_qwen2_5_vl
+
+    side = 224
+    _, processor = build_qwen2_5_vl(seed=0, hidden=32, layers=1, heads=2, kv_heads=1, intermediate=64,
+                                    max_pixels=side * side)
+    task = script.get_task()
+    merge = processor.image_processor.merge_size
+    for p in task.load(split="train", limit=24, image_size=side):
+        enc = script.encode_prompt(processor, p)
+        labels = script.glyph_labels(p, enc["image_grid_thw"], merge)
+        pv = enc["pixel_values"]  # [patches, 3 * 2 * 14 * 14], normalised: the darkest value is ink
+        assert labels.shape == (pv.shape[0],)
+        ink = pv.reshape(pv.shape[0], 3, -1).mean(1).amin(-1) < -1.0  # a patch with a black pixel
+        marked = labels > 0
+        glyphs = task.module.layout(p.meta["spec"], side)["glyphs"]
+        places = {(int(y * 16 / side), int(x * 16 / side)) for _, x, y in glyphs}  # 16 x 16 patches
+        assert int(marked.sum()) == len(places)  # every patch with a character's ink centre, and no other
+        assert (ink[marked]).float().mean() >= 0.9, p.uid  # characters are drawn where they are marked
+        digits = [c for c, _, _ in glyphs if c.isdigit()]
+        assert sorted(script.GLYPHS[int(k) - 1] for k in labels[marked] if script.GLYPHS[int(k) - 1].isdigit()) \
+            == sorted(digits)
+        # the same patch, found from its row and column in the image: where the processor put it
+        ch, x, y = glyphs[0]
+        h, w = int(enc["image_grid_thw"][0, 1]), int(enc["image_grid_thw"][0, 2])
+        py, px = int(y * h / side), int(x * w / side)
+        patch = p.images[0].convert("L").crop((px * side // w, py * side // h, (px + 1) * side // w,
+                                              (py + 1) * side // h))
+        index = ((py // merge) * (w // merge) + px // merge) * merge * merge + (py % merge) * merge + px % merge
+        assert int(labels[index]) == 1 + script.GLYPHS.index(ch)
+        assert min(patch.getdata()) < 128 and bool(ink[index])
+
+
+def test_glyph_loss_trains_the_probe_on_the_image_tokens(tmp_path):
+    # Could fail if the probe never saw the image tokens (hook on the wrong module), if its loss did not reach the
+    # optimizer, or if the probe were saved into the policy folder.
+    out = tmp_path / "p"
+    meta = script.main(["--size", "geodraw-tiny", "--out", str(out), "--data", "fixed", "--problems", "8",
+                        "--batch", "8", "--steps", "30", "--lr", "3e-3", "--warmup", "3", "--image-size", str(SIDE),
+                        "--eval-problems", "4", "--log-every", "1", "--device", "cpu", "--glyph-loss", "1.0"])
+    g = [d["glyph_loss"] for d in meta["loss_log"] if "glyph_loss" in d]
+    assert len(g) == 30 and g[-1] < 0.65 * g[0], g
+    assert meta["glyph_loss"] == 1.0
+    model = AutoModelForImageTextToText.from_pretrained(out)
+    assert sum(p.numel() for p in model.parameters()) == meta["params"]  # the policy alone
+    assert not any(k.startswith("proj") or "glyph" in k for k in model.state_dict())

@@ -42,6 +42,7 @@ import hashlib
 import math
 import random
 
+import numpy as np
 from PIL import Image, ImageDraw, ImageFont
 
 from bapo_vl.problem import Problem
@@ -239,6 +240,8 @@ class Canvas:
         self.draw = ImageDraw.Draw(self.image)
         self.font = _font(max(8, round(30 * self.k)))
         self.width = max(1, round(3 * self.k))
+        self.labels: list[tuple[str, float, float]] = []  # (text, x, y): each label and its centre, px
+        self.glyphs: list[tuple[str, float, float]] = []  # (character, x, y): each character's ink centre, px
 
     def _p(self, p) -> tuple[float, float]:
         return (p[0] * self.k, p[1] * self.k)
@@ -273,8 +276,23 @@ class Canvas:
         cy = min(max(center[1], hh + 1), REF - hh - 1)
         self.draw.rectangle([(cx - hw) * self.k, (cy - hh) * self.k, (cx + hw) * self.k, (cy + hh) * self.k],
                             fill="white")
-        anchor = (cx - (left + right) / 2, cy - (top + bottom) / 2)
-        self.draw.text(self._p(anchor), text, font=self.font, fill="black", anchor="mm")
+        anchor = self._p((cx - (left + right) / 2, cy - (top + bottom) / 2))
+        self.draw.text(anchor, text, font=self.font, fill="black", anchor="mm")
+        self.labels.append((text, *anchor))
+        # where each character's ink lies: the text's origin (left, baseline), then each character drawn alone after
+        # the advance of those before it, on a mask of its own
+        whole = self.draw.textbbox(anchor, text, font=self.font, anchor="mm")
+        at_zero = self.draw.textbbox((0, 0), text, font=self.font, anchor="ls")
+        ox, oy = whole[0] - at_zero[0], whole[1] - at_zero[1]
+        for i, ch in enumerate(text):
+            mask = Image.new("L", self.image.size)
+            ImageDraw.Draw(mask).text((ox + self.font.getlength(text[:i]), oy), ch, font=self.font, fill=255,
+                                      anchor="ls")
+            ink = np.asarray(mask, dtype=np.float64)
+            if ink.any():  # the centre of the ink's mass: on the stroke of a "1", not beside it
+                total = ink.sum()
+                self.glyphs.append((ch, float((ink.sum(0) * np.arange(ink.shape[1])).sum() / total) + 0.5,
+                                    float((ink.sum(1) * np.arange(ink.shape[0])).sum() / total) + 0.5))
 
 
 def _offset(canvas: Canvas, text: str, direction, gap: float) -> float:
@@ -471,6 +489,16 @@ def render(spec: dict, size: int = IMAGE_SIZE) -> Image.Image:
     canvas = Canvas(size)
     DRAW[spec["kind"]](canvas, spec)
     return canvas.image
+
+
+def layout(spec: dict, size: int = IMAGE_SIZE) -> dict[str, list[tuple[str, float, float]]]:
+    """What is written in the diagram and where, in the size x size image (px), in drawing order:
+    {"labels": [(text, x, y) of each label's centre], "glyphs": [(character, x, y) of the centre of each character's
+    ink mass]}:
+    what a reader of the image must find."""
+    canvas = Canvas(size)
+    DRAW[spec["kind"]](canvas, spec)
+    return {"labels": canvas.labels, "glyphs": canvas.glyphs}
 
 
 def blank(size: int = IMAGE_SIZE) -> Image.Image:
