@@ -28,7 +28,7 @@ then still saved and evaluated. At the end: greedy accuracy (through the real ve
     bapo train task=geodraw model=OUT max_pixels=50176      # 224*224: the processor keeps the 224 px image
 
     PYTHONPATH=. python scripts/train_vl_policy.py --size geodraw-30m --out runs/policies/geodraw-30m \\
-        --max-seconds 1200 --data-workers 12                  # one GPU
+        --data-workers 14 --no-deterministic                  # one GPU; the card: docs/study/geodraw-30m
 """
 from __future__ import annotations
 
@@ -58,8 +58,8 @@ SIZES = {
                          glyph_loss=1.0),
     "geodraw-30m": dict(hidden=512, layers=8, heads=8, kv_heads=4, intermediate=1536, vision_depth=6,
                         vision_hidden=256, vision_heads=4, vision_intermediate=1024,
-                        vision_full_attention=True, steps=3000, batch=192, problems=24_000, lr=1.5e-3, warmup=100,
-                        glyph_loss=1.0),
+                        vision_full_attention=True, steps=2400, batch=192, problems=24_000, lr=1.5e-3, warmup=100,
+                        glyph_loss=0.3),
 }
 SHAPE_KEYS = ("hidden", "layers", "heads", "kv_heads", "intermediate", "vision_depth", "vision_hidden",
               "vision_heads", "vision_intermediate")
