@@ -591,7 +591,8 @@ def prompt_tab() -> SimpleNamespace:
     with gr.Row():
         with gr.Column(scale=3):
             text = gr.HTML(elem_id="prompt-text")
-        image = gr.Image(visible=False, type="pil", label="image", scale=1, elem_id="prompt-image",
+        # png: Gradio's default webp is lossy, and a diagram's thin lines and small digits are what is inspected
+        image = gr.Image(visible=False, type="pil", format="png", label="image", scale=1, elem_id="prompt-image",
                          interactive=False, height=200)
     with gr.Row():
         history = gr.Plot(show_label=False, elem_id="prompt-history", scale=2)

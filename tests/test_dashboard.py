@@ -646,6 +646,11 @@ def test_a_geometry3k_prompt_shows_its_diagram(browser, tmp_path):
         expect(img).to_be_visible()
         page.wait_for_function("el => el.complete && el.naturalWidth > 0", arg=img.element_handle())
         assert img.evaluate("el => [el.naturalWidth, el.naturalHeight]") == size
+        # the pixels themselves, not a lossy re-encoding of them (Gradio's default is webp)
+        served = page.request.get(img.evaluate("el => el.src")).body()
+        shown = Image.open(io.BytesIO(served))
+        assert shown.format == "PNG"
+        assert shown.convert("RGB").tobytes() == Image.open(io.BytesIO(png)).convert("RGB").tobytes()
     finally:
         page.close()
         demo.close()
