@@ -55,7 +55,7 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -345,6 +345,15 @@ def train_segment(opts: StudyOptions, entry: str, seed: int, budget: int) -> tup
     return run_dir, seconds
 
 
+def eval_setup(cfg, options: EvalOptions):
+    """`bapo eval`'s setup with the study's rollout engine and its options: in one process the evaluations share
+    vLLM's one engine with the training segments (bapo_vl.backends.engines.process_engine), so they build it alike."""
+    s = setup(options)
+    s.cfg.embedded = replace(s.cfg.embedded, rollout_engine=cfg.embedded.rollout_engine,
+                             vllm_options=dict(cfg.embedded.vllm_options))
+    return s
+
+
 def evaluate_policy(opts: StudyOptions, cfg, model: str, checkpoint: int | None, seed: int, k: int | None = None,
                     greedy: bool = True) -> dict:
     """k samples (temperature 1, default opts.k) and one greedy answer per held-out prompt, through `bapo eval`'s
@@ -356,7 +365,7 @@ def evaluate_policy(opts: StudyOptions, cfg, model: str, checkpoint: int | None,
                   template=run.task_options.get("template"), limit=opts.limit, options={},
                   max_new_tokens=cfg.sampling.max_response_length, batch_size=opts.eval_batch_size,
                   device=run.device, seed=seed, tasks_dirs=list(run.tasks_dirs), quiet=True)
-    s = setup(EvalOptions(**common, k=k, temperature=1.0))
+    s = eval_setup(cfg, EvalOptions(**common, k=k, temperature=1.0))
     backend = load_backend(s.cfg, s.checkpoint_dir)  # once for both passes
     per_call = s.cfg.embedded.generate_batch_size
     sampled = evaluate(backend, s.task, s.sets, k, quiet=True, per_call=max(1, per_call // k))[opts.split]

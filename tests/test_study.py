@@ -282,6 +282,24 @@ def test_one_policy_load_gives_what_two_bapo_eval_calls_give():
                    "pass@k": sampled["pass@k"], "n": sampled["n"], "counts": sampled["problems"]}
 
 
+def test_evaluations_build_the_rollout_engine_the_training_segments_build():
+    # Could fail if the study's evaluations fell back to `bapo eval`'s defaults (rollout_engine auto, no
+    # vllm_options): in one process they take over vLLM's one engine from the training segments, which refuses other
+    # settings (bapo_vl.backends.engines.process_engine), so a study with vllm_options stopped at its first
+    # evaluation after training. The start policy's evaluation (a model path, a preset's defaults) and a run's.
+    from bapo_vl.evaluate import EvalOptions
+    from bapo_vl.study import eval_setup
+
+    engine = ["rollout_engine=transformers", "vllm_options={gpu_memory_utilization: 0.13, enforce_eager: true}"]
+    cfg = load_config(overrides=[*SMALL, "device=cpu", *engine])
+    common = dict(task=cfg.run.task, splits=["test"], limit=4, device="cpu", quiet=True)
+    s = eval_setup(cfg, EvalOptions(model=cfg.run.model, **common))
+    assert s.cfg.embedded.rollout_engine == "transformers"
+    assert s.cfg.embedded.vllm_options == {"gpu_memory_utilization": 0.13, "enforce_eager": True}
+    plain = eval_setup(load_config(overrides=[*SMALL, "device=cpu"]), EvalOptions(model=cfg.run.model, **common))
+    assert plain.cfg.embedded.rollout_engine == "auto" and plain.cfg.embedded.vllm_options == {}
+
+
 def test_log_spaced_checkpoints_and_extended_budgets():
     # Could fail if log spacing were not geometric up to the budget, if rounding produced a 0 or a duplicate
     # checkpoint, if linear spacing changed, or if an extended entry's checkpoints did not continue the spacing

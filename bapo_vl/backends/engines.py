@@ -13,7 +13,10 @@ tokens that were sampled, whichever engine sampled them.
 from __future__ import annotations
 
 import importlib.util
+import json
 import logging
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
@@ -105,10 +108,30 @@ FIXED_BY_CONFIG = {"model", "dtype", "seed", "enable_sleep_mode", "max_model_len
                    "mm_processor_kwargs"}
 
 
+@dataclass
+class ProcessEngine:
+    """The one vLLM `LLM` this process holds: vLLM's sleep-mode (CuMem) allocator serves one engine per process."""
+    llm: object
+    settings: dict  # what a later VllmEngine must match to take it over (VllmEngine.__init__)
+    asleep: bool = False
+    user: object = None  # the VllmEngine using it now; earlier ones are superseded
+
+
+process_engine: ProcessEngine | None = None
+
+
+def model_config(path: str) -> dict:
+    """The model's config.json (a folder's, or the hub cache's for a hub id): the architecture vLLM builds."""
+    from transformers.utils import cached_file
+
+    return json.loads(Path(cached_file(path, "config.json")).read_text())
+
+
 class VllmEngine:
     """A colocated vLLM engine holding alpha, as TRL's colocate mode does (vLLM 0.24). Its protocol is checked on a
     GPU by scripts/gpu/engine_checks.py (behaviour log-probs, stale alpha, X2 and restore, sleep/wake, sync, for text
-    and Qwen2.5-VL models); on CPU only its selection and the missing-package error are tested.
+    and Qwen2.5-VL models); on CPU its selection, the missing-package error and the engine's reuse (against a
+    stand-in vllm package, tests/test_vllm_engine_reuse.py) are tested.
 
     - sync (every v steps): alpha's new weights are loaded in place through `collective_rpc` into the worker's model
       (`load_weights`), which needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine runs in this process).
@@ -117,11 +140,15 @@ class VllmEngine:
     - update: the engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the trainer gets the memory.
     - VL: vLLM gets the chat text and the PIL
       images `encode` kept (`raw`) and processes them itself with the trainer's min/max pixels, so it sees the image
-      grid the trainer scores with; it then needs the tokenizer (text models skip it)."""
+      grid the trainer scores with; it then needs the tokenizer (text models skip it).
+    - one per process: vLLM's sleep mode allows one engine per process, so a later VllmEngine (the study's next
+      backend) with the same settings takes over `process_engine`, woken if asleep and given its backend's weights;
+      the earlier VllmEngine then refuses use. Other settings are a ValueError."""
 
     name = "vllm"
 
     def __init__(self, backend):
+        global process_engine
         if clash := sorted(set(backend.options.vllm_options) & FIXED_BY_CONFIG):
             raise ValueError(f"vllm_options may not set {clash}: the engine derives them from the config")
         if importlib.util.find_spec("vllm") is None:
@@ -140,9 +167,25 @@ class VllmEngine:
                      mm_processor_kwargs={"min_pixels": sampling.min_pixels, "max_pixels": sampling.max_pixels}
                      if backend.is_vl else None)
         assert set(fixed) == FIXED_BY_CONFIG
-        # decode is bandwidth-bound: wide batches; the trainer needs the rest of the card
-        self.llm = LLM(**fixed, **{"gpu_memory_utilization": 0.3, "max_num_seqs": 1024,
-                                   **backend.options.vllm_options})
+        # Not compared: the path (config.json's content stands for the model; the tokenizer and processor a VL
+        # engine loaded from the first path are those of every checkpoint of one run) and the seed (sampling draws
+        # one per request from torch's generator, which each backend seeds; greedy draws none).
+        settings = {"config.json": model_config(backend.path), "vllm_options": dict(backend.options.vllm_options),
+                    **{k: v for k, v in fixed.items() if k not in ("model", "seed")}}
+        if process_engine is None:
+            # decode is bandwidth-bound: wide batches; the trainer needs the rest of the card
+            llm = LLM(**fixed, **{"gpu_memory_utilization": 0.3, "max_num_seqs": 1024, **backend.options.vllm_options})
+            process_engine = ProcessEngine(llm, settings)
+        elif differ := sorted(k for k in settings if settings[k] != process_engine.settings[k]):
+            raise ValueError(f"rollout_engine=vllm: this process already holds a vLLM engine built with other "
+                             f"{', '.join(differ)}, and vLLM allows one sleep-mode engine per process; run this "
+                             f"backend in a process of its own")
+        else:
+            log.info("vLLM engine: the one this process already holds, given this backend's weights")
+        process_engine.user = self
+        self.process_engine = process_engine
+        if process_engine.asleep:  # the previous backend left it asleep
+            self.wake()
         stop = sorted(backend.eos_ids)
         common = dict(max_tokens=sampling.max_response_length, stop_token_ids=stop, detokenize=False,
                       # as the transformers engine's suppress_tokens: an image placeholder in a response breaks scoring
@@ -152,6 +195,13 @@ class VllmEngine:
                                                  top_k=sampling.top_k, seed=int(torch.randint(2 ** 31, ())), **common)
         self.greedy = SamplingParams(n=1, temperature=0.0, **common)
         self.load_weights(backend.rollout.state_dict())
+
+    @property
+    def llm(self):
+        if self.process_engine.user is not self:
+            raise RuntimeError("this vLLM engine now belongs to a newer backend in this process (vLLM allows one "
+                               "sleep-mode engine per process): use that backend's engine")
+        return self.process_engine.llm
 
     def sample(self, prompts, n, policy, greedy):
         b = self.backend
@@ -178,13 +228,18 @@ class VllmEngine:
         def load(worker):
             worker.model_runner.model.load_weights(weights=weights)
 
-        self.llm.collective_rpc(load)
+        llm = self.llm
+        llm.collective_rpc(load)
+        llm.reset_prefix_cache()  # prompt KV cached under the previous weights must not serve the next generate
 
     def sleep(self):
         self.llm.sleep(level=1)
+        self.process_engine.asleep = True
 
     def wake(self):
+        llm = self.llm
         # hand the update's freed blocks back from torch's cache before vLLM maps its memory again: the 2 B VL
         # shape's wake ran out of memory on an 80 GB card while torch still held them (rerun on a 141 GB card only)
         torch.cuda.empty_cache()
-        self.llm.wake_up()
+        llm.wake_up()
+        self.process_engine.asleep = False

@@ -1,0 +1,167 @@
+"""One vLLM engine per process (bapo_vl/backends/engines.py, VllmEngine): vLLM's sleep-mode allocator refuses a
+second `LLM` in a process, so backends built one after another (the study's evaluations and training segments) share
+the first one's engine. vLLM cannot run here: a stand-in `vllm` package, put on sys.path for each test, records what
+the engine asks of it and, like vLLM's allocator, fails a second `LLM` in the process."""
+import importlib
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bapo_vl.backends import engines
+from bapo_vl.backends.engines import VllmEngine
+from bapo_vl.config import load_config
+
+STAND_IN = '''
+"""A stand-in for vLLM: records the calls of the one LLM a process may build."""
+from types import SimpleNamespace
+
+built = []
+
+
+class Model:
+    def __init__(self):
+        self.weights = {}
+
+    def load_weights(self, weights):
+        self.weights = dict(weights)
+
+
+class LLM:
+    def __init__(self, **kwargs):
+        if built:  # as vLLM's CuMem allocator, which serves one engine per process
+            raise AssertionError("CuMem allocator can only be used for one instance per process.")
+        built.append(self)
+        self.kwargs, self.calls, self.model = kwargs, [], Model()
+
+    def collective_rpc(self, method):
+        self.calls.append("collective_rpc")
+        return [method(SimpleNamespace(model_runner=SimpleNamespace(model=self.model)))]
+
+    def reset_prefix_cache(self):
+        self.calls.append("reset_prefix_cache")
+        return True
+
+    def sleep(self, level=1):
+        self.calls.append(f"sleep({level})")
+
+    def wake_up(self, tags=None):
+        self.calls.append("wake_up")
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append("generate")
+        answer = SimpleNamespace(token_ids=[7, 2, 9])  # 2 is the end of sequence: the engine cuts after it
+        return [SimpleNamespace(outputs=[answer] * sampling_params.n) for _ in prompts]
+
+
+class SamplingParams:
+    def __init__(self, **kwargs):
+        self.__dict__.update(kwargs)
+'''
+CONFIG = {"architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2, "vocab_size": 100}
+
+
+@pytest.fixture
+def vllm(tmp_path, monkeypatch):
+    """The stand-in vllm package, importable during this test only; no engine held by the process before or after."""
+    package = tmp_path / "stand_in" / "vllm"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text(STAND_IN)
+    (package / "inputs.py").write_text("TokensPrompt = dict\n")
+    monkeypatch.syspath_prepend(str(package.parent))
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # what VllmEngine sets; restored after the test
+    monkeypatch.setattr(engines, "process_engine", None)
+    yield importlib.import_module("vllm")
+    for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
+        del sys.modules[name]
+
+
+def backend_like(tmp_path, folder="model", config=CONFIG, seed=3, **overrides):
+    """What VllmEngine reads of an EmbeddedBackend on a GPU, with a model folder holding only config.json and alpha
+    (= pi_theta, delay 1) a small torch module whose weights depend on the seed."""
+    path = tmp_path / folder
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    cfg = load_config(overrides=[f"{k}={v}" for k, v in ({"max_response_length": 40} | overrides).items()])
+    torch.manual_seed(seed)
+    policy = torch.nn.Linear(3, 2)
+    return SimpleNamespace(path=str(path), sampling=cfg.sampling, options=cfg.embedded, device=torch.device("cuda"),
+                           seed=seed, is_vl=False, eos_ids={2}, suppress=None, rollout=policy, policy=policy)
+
+
+def prompts():
+    return [{"input_ids": torch.tensor([5, 6])}]
+
+
+def test_a_second_backend_takes_over_the_engine_and_the_first_refuses_use(vllm, tmp_path):
+    # Could fail if the second backend built a second LLM (vLLM's assertion, as in the study), if it kept the first
+    # backend's weights or a prefix cache of them, or if the first backend could still drive the engine it lost.
+    first_backend, second_backend = backend_like(tmp_path, seed=1), backend_like(tmp_path, seed=2)
+    first = VllmEngine(first_backend)
+    second = VllmEngine(second_backend)
+    (llm,) = vllm.built
+    assert llm.calls == ["collective_rpc", "reset_prefix_cache"] * 2  # no wake_up: it was awake
+    assert torch.equal(llm.model.weights["weight"], second_backend.rollout.weight)
+    assert not torch.equal(second_backend.rollout.weight, first_backend.rollout.weight)
+    assert second.sample(prompts(), 2, "rollout", greedy=False) == [[7, 2], [7, 2]]
+
+    for use in (lambda: first.sample(prompts(), 1, "rollout", greedy=True), first.sleep, first.wake,
+                lambda: first.load_weights(first_backend.rollout.state_dict())):
+        with pytest.raises(RuntimeError) as err:
+            use()
+        message = str(err.value)
+        assert "newer backend in this process" in message and "\n" not in message
+    assert llm.calls[-1] == "generate"  # the refused calls reached nothing
+    assert torch.equal(llm.model.weights["weight"], second_backend.rollout.weight)
+    with pytest.raises(AssertionError, match="one instance per process"):
+        vllm.LLM(model="another")  # the stand-in fails a second engine as vLLM does
+
+
+def test_a_sleeping_engine_is_woken_for_the_next_backend_and_its_sleep_followed(vllm, tmp_path):
+    # Could fail if a backend took over an engine asleep (its weights pushed into offloaded memory, the next sample
+    # on a sleeping engine), or if the process engine's sleep state did not follow the new backend's sleep and wake.
+    first = VllmEngine(backend_like(tmp_path))
+    first.sleep()  # as during an update
+    assert engines.process_engine.asleep
+    second = VllmEngine(backend_like(tmp_path))
+    (llm,) = vllm.built
+    assert llm.calls[2:] == ["sleep(1)", "wake_up", "collective_rpc", "reset_prefix_cache"]
+    assert not engines.process_engine.asleep
+    second.sleep()
+    assert engines.process_engine.asleep
+    second.wake()
+    assert not engines.process_engine.asleep and llm.calls[-2:] == ["sleep(1)", "wake_up"]
+
+
+def test_other_settings_are_refused_naming_what_differs(vllm, tmp_path):
+    # Could fail if a backend of other lengths, vLLM options or model silently used an engine built for another
+    # (sequences cut at the old max_model_len, another architecture's weights), or if the refusal took the engine
+    # from the backend that holds it.
+    first = VllmEngine(backend_like(tmp_path))
+    others = {"max_model_len": backend_like(tmp_path, "longer", max_response_length=80),
+              "vllm_options": backend_like(tmp_path, "eager", vllm_options="{enforce_eager: true}"),
+              "config.json": backend_like(tmp_path, "wider", config=CONFIG | {"hidden_size": 128})}
+    for key, backend in others.items():
+        with pytest.raises(ValueError) as err:
+            VllmEngine(backend)
+        message = str(err.value)
+        assert f"other {key}," in message and "one sleep-mode engine per process" in message
+        assert "own" in message and "\n" not in message
+    assert len(vllm.built) == 1
+    first.sleep()  # still the first backend's
+    first.wake()
+
+
+def test_another_checkpoint_folder_with_the_same_config_is_compatible(vllm, tmp_path):
+    # Could fail if compatibility compared the model's path (each checkpoint has its own folder) or the seed (each
+    # evaluation of the study has its own) rather than what vLLM built.
+    VllmEngine(backend_like(tmp_path, "model", seed=1))
+    checkpoint = backend_like(tmp_path, "checkpoints/step_2", seed=7)
+    (tmp_path / "checkpoints" / "step_2" / "config.json").write_text(json.dumps(CONFIG))  # the same, written otherwise
+    VllmEngine(checkpoint)
+    (llm,) = vllm.built
+    assert llm.kwargs["model"] == str(tmp_path / "model")  # vLLM's model (and a VL engine's processor) stay the first
+    assert torch.equal(llm.model.weights["weight"], checkpoint.rollout.weight)
