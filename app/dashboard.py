@@ -587,7 +587,9 @@ def bins_tab() -> SimpleNamespace:
 def prompt_tab() -> SimpleNamespace:
     with gr.Row():
         query = gr.Textbox(label="search by uid or text", scale=2, elem_id="prompt-query")
-        found = gr.Dropdown([], label="prompt", scale=3, elem_id="prompt-pick", allow_custom_value=False)
+        # custom values allowed: a clicked row's uid may reach the server before the choices that list it (a live
+        # refresh in flight sends older ones), and Gradio would refuse the event; render_prompt takes any uid
+        found = gr.Dropdown([], label="prompt", scale=3, elem_id="prompt-pick", allow_custom_value=True)
     with gr.Row():
         with gr.Column(scale=3):
             text = gr.HTML(elem_id="prompt-text")

@@ -1386,6 +1386,19 @@ def test_responses_at_a_step_filter_by_verdict_and_subset_search_text_and_open_t
     expect(page.locator("#prompt-text")).to_contain_text(uid)
 
 
+def test_the_prompt_picker_takes_a_uid_its_listed_choices_do_not_hold(runs):
+    # Could fail (it did, in CI under load) if a clicked response's uid reached the server while the picker's last
+    # choices, sent by a live refresh in flight, did not list it: Gradio refused the event ("not in the list of
+    # choices") and the drill-down showed "Error" instead of the prompt.
+    from bapo_vl.app import data
+    from bapo_vl.app.dashboard import build
+
+    demo = build(data.RunSet([str(runs[0])]), poll_seconds=60.0)
+    picker = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "prompt-pick")
+    uid = sql(runs[0], "SELECT uid FROM problems LIMIT 1")[0][0]
+    assert picker.preprocess(uid) == uid
+
+
 # ----------------------------------------------------------------------------- Compare: groups of runs
 
 
