@@ -400,6 +400,18 @@ def build(args):
     return model, processor
 
 
+def init_from(model, folder: str):
+    """Start from a saved policy of the same shape (e.g. to train one further): its weights into `model`."""
+    from transformers import AutoModelForImageTextToText
+
+    saved = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).state_dict()
+    try:
+        model.load_state_dict(saved)
+    except RuntimeError as e:
+        raise SystemExit(f"--init-from {folder}: not a policy of this shape (--size and the shape flags): "
+                         f"{str(e).splitlines()[1].strip() if len(str(e).splitlines()) > 1 else e}") from None
+
+
 def save_policy(model, processor, folder: Path):
     folder.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().float().cpu() for k, v in model.state_dict().items()}
@@ -438,6 +450,8 @@ def main(argv=None):
     ap.add_argument("--warmup", type=int)
     ap.add_argument("--weight-decay", type=float, default=0.01)
     ap.add_argument("--seed", type=int, default=0, help="model init and batch order")
+    ap.add_argument("--init-from", metavar="FOLDER",
+                    help="start from this saved policy (same shape) instead of random weights: train it further")
     ap.add_argument("--data-seed", type=int, default=0, help="geodraw train-split seed")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--cpu-threads", type=int, default=8,
@@ -472,6 +486,8 @@ def main(argv=None):
     eval_batch = args.eval_batch or (128 if device.type == "cuda" else 32)
 
     model, processor = build(args)  # first, so an --out inside the wheel fails at once
+    if args.init_from:
+        init_from(model, args.init_from)
     n_params = sum(p.numel() for p in model.parameters())
     n_vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
     out = Path(args.out)
@@ -598,6 +614,7 @@ def main(argv=None):
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     meta = {
         "command": command, "size": args.size, "name": out.name, "seed": args.seed, "data_seed": args.data_seed,
+        "init_from": args.init_from,
         "steps": steps_done, "steps_planned": args.steps, "stopped_by_max_seconds": stopped_early,
         "max_seconds": args.max_seconds, "batch": args.batch, "data": args.data,
         "problems": steps_done * args.batch if fresh else len(data),
@@ -640,7 +657,8 @@ def training_md(m: dict, size: int) -> str:
         m["command"],
         "```",
         "",
-        f"- seed {m['seed']} (data seed {m['data_seed']}), {m['steps']} steps of batch {m['batch']} over "
+        (f"- trained further from `{m['init_from']}`\n" if m.get("init_from") else "")
+        + f"- seed {m['seed']} (data seed {m['data_seed']}), {m['steps']} steps of batch {m['batch']} over "
         + (f"{m['problems']:,} problems, each drawn once (--data fresh)" if m.get("data") == "fresh" else
            f"{m['problems']:,} problems ({m['epochs']} epochs)")
         + f"{stop}; AdamW lr {m['lr']} (warm-up {m['warmup']}, "

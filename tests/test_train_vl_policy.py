@@ -57,6 +57,22 @@ def test_trains_saves_and_evaluates(trained):
     assert saved["command"].startswith("PYTHONPATH=. python scripts/train_vl_policy.py --size geodraw-tiny")
 
 
+def test_init_from_trains_a_saved_policy_further(trained, tmp_path):
+    # Could fail if --init-from left the weights random (the loss would start where a new model's does), loaded
+    # them only in part, or took a policy of another shape without one clear line.
+    out, meta = trained
+    again = script.main(["--size", "geodraw-tiny", "--out", str(tmp_path / "more"), "--data", "fixed", "--problems", "8",
+                         "--batch", "8", "--steps", "1", "--lr", "1e-9", "--warmup", "1", "--image-size", str(SIDE),
+                         "--eval-problems", "4", "--log-every", "1", "--device", "cpu", "--init-from", str(out)])
+    first, last = meta["loss_log"][0]["loss"], meta["loss_log"][-1]["loss"]
+    assert abs(again["loss_log"][0]["loss"] - last) < 0.25 * (first - last), (first, last, again["loss_log"])
+    assert again["init_from"] == str(out) and f"trained further from `{out}`" in (tmp_path / "more" / "TRAINING.md").read_text()
+    with pytest.raises(SystemExit, match=f"--init-from {out}: not a policy of this shape"):
+        script.main(["--size", "geodraw-tiny", "--hidden", "32", "--out", str(tmp_path / "other"), "--data", "fixed",
+                     "--problems", "8", "--steps", "1", "--image-size", str(SIDE), "--device", "cpu",
+                     "--init-from", str(out)])
+
+
 def test_target_is_graded_correct():
     from bapo_vl.problem import Verdict
 
