@@ -819,7 +819,18 @@ def prompt_text(detail: dict) -> str:
             f"{int((h['subset'] == X3).sum())}") if not h.empty else "never seen in training yet"
     return (f"<p><b>uid</b> <code>{esc(detail['uid'])}</code> · {seen}</p>"
             f"<pre class='prompt-body' style='white-space: pre-wrap'>{esc(text)}</pre>"
-            f"<p><b>answer</b> <code>{esc(detail['answer'])}</code></p>")
+            f"<p><b>answer</b> <code>{esc(answer_text(detail['answer']))}</code></p>")
+
+
+def answer_text(answer) -> str:
+    """A task's answer as one line: a dict's fields as "key value" joined by " · ", lists by ", "
+    (`{"letter": "C", "choices": ["68", "73"]}` -> `letter C · choices 68, 73`); anything else as str()."""
+    def one(v):
+        return ", ".join(map(str, v)) if isinstance(v, (list, tuple)) else str(v)
+
+    if isinstance(answer, dict):
+        return " · ".join(f"{k} {one(v)}" for k, v in answer.items())
+    return one(answer)
 
 
 def no_match_text(query: str) -> str:

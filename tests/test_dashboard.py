@@ -354,6 +354,18 @@ def test_update_speed_is_tokens_trained_over_the_update_time():
     assert speed[["step", "value"]].values.tolist() == [[1, 500.0]]
 
 
+def test_an_answer_reads_as_one_line_and_stays_escaped():
+    # Could fail if a structured answer (geodraw's dict, countdown's numbers) were shown as a Python dict, or if
+    # formatting it let markup through.
+    assert views.answer_text({"letter": "C", "value": "78", "choices": ["68", "73", "78", "83"]}) == \
+        "letter C · value 78 · choices 68, 73, 78, 83"
+    assert views.answer_text({"nums": [17, 87], "target": 10}) == "nums 17, 87 · target 10"
+    assert views.answer_text("12") == "12" and views.answer_text([1, 2]) == "1, 2"
+    shown = views.prompt_text({"found": True, "uid": "u", "text": "t", "history": pd.DataFrame(
+        columns=["step", "subset"]), "answer": {"value": "<img src=x>"}})
+    assert "value &lt;img src=x&gt;" in shown and "<img" not in shown
+
+
 def test_views_label_bins_in_order():
     assert views.bin_labels(8) == [f"{i}/8" for i in range(9)]
     assert views.bin_labels(16)[:3] == ["00/16", "01/16", "02/16"]  # text order = bin order
