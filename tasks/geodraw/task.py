@@ -33,6 +33,9 @@ answer = {"letter", "value", "choices", "precise_values"} graded by bapo_vl.veri
 that picks the single nearest choice); meta = {split, index, seed, kind, question, key, spec, template, blank,
 image_size}, where spec is the JSON-able drawing recipe: render(spec, image_size) redraws the image.
 
+layout(spec, image_size) says what is written where (each label's text and centre, each character's ink centre):
+what a reader of the image must find, e.g. to supervise a vision tower patch by patch.
+
 Determinism holds for one Pillow build (glyph rasterisation may differ between FreeType versions).
 """
 from __future__ import annotations
