@@ -33,6 +33,7 @@ then still saved and evaluated. At the end: greedy accuracy (through the real ve
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import random
@@ -78,10 +79,20 @@ def get_task():
 TARGETS = ("read", "letter")
 
 
+@functools.lru_cache(maxsize=512)
+def _layout(spec_json: str, image_size: int) -> dict:
+    return get_task().module.layout(json.loads(spec_json), image_size)
+
+
+def layout(spec: dict, image_size: int) -> dict:
+    """geodraw's layout() of a diagram, drawn once for the response and the glyph labels of one problem."""
+    return _layout(json.dumps(spec, sort_keys=True), image_size)
+
+
 def written_numbers(spec: dict, image_size: int = 224) -> list[str]:
     """The numbers written in a geodraw diagram, left to right (what a reader of the image must find, in an order
     the image itself shows)."""
-    labels = sorted(get_task().module.layout(spec, image_size)["labels"], key=lambda lab: (lab[1], lab[2]))
+    labels = sorted(layout(spec, image_size)["labels"], key=lambda lab: (lab[1], lab[2]))
     return [t.rstrip("°") for t, _, _ in labels if t.rstrip("°").isdigit()]
 
 
@@ -96,7 +107,7 @@ def glyph_labels(problem, grid: torch.Tensor, merge: int) -> torch.Tensor:
     _, h, w = (int(x) for x in grid.reshape(-1)[:3])
     side = problem.meta["image_size"]
     labels = torch.zeros(h * w, dtype=torch.long)
-    for ch, x, y in get_task().module.layout(problem.meta["spec"], side)["glyphs"]:
+    for ch, x, y in layout(problem.meta["spec"], side)["glyphs"]:
         py, px = min(h - 1, int(y * h / side)), min(w - 1, int(x * w / side))
         at = ((py // merge) * (w // merge) + px // merge) * merge * merge + (py % merge) * merge + px % merge
         if ch != "°" or labels[at] == 0:  # a degree sign sharing a patch (beside x, mostly) leaves it to the other
@@ -112,7 +123,6 @@ class GlyphHead(torch.nn.Module):
 
     def __init__(self, model, merge: int):
         super().__init__()
-        self.merge = merge
         self.proj = torch.nn.Linear(model.config.text_config.hidden_size, merge * merge * GLYPH_CLASSES)
         self.tokens = None
         model.model.visual.register_forward_hook(self._keep)
