@@ -472,6 +472,9 @@ def main(argv=None):
                     help="bf16 autocast (default: on for cuda); weights stay fp32")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="stop training once the training wall time passes this (then save and evaluate)")
+    ap.add_argument("--stop-after", type=int, default=None, metavar="N",
+                    help="stop after N of the --steps planned (the learning-rate schedule still spans --steps): "
+                         "the step-exact form of a --max-seconds stop, so a stopped run can be rebuilt")
     ap.add_argument("--log-every", type=int, default=50)
     ap.add_argument("--eval-every", type=int, default=0, help=f"greedy accuracy on {EVAL_DURING} test problems every N steps")
     ap.add_argument("--eval-problems", type=int, default=500, help="final evaluation: first N test problems")
@@ -505,6 +508,8 @@ def main(argv=None):
         raise SystemExit(f"--out {args.out} is inside {PACKAGED}, which the wheel packages, and this model has "
                          f"{n_params:,} parameters: build it outside (e.g. --out runs/policies/{args.size})")
     save_at = sorted({int(x) for x in args.save_at.split(",") if x.strip()})
+    if args.stop_after is not None and not 0 < args.stop_after <= args.steps:
+        raise SystemExit(f"--stop-after {args.stop_after}: must be in 1..--steps ({args.steps})")
     if any(not 0 < x < args.steps for x in save_at):
         raise SystemExit(f"--save-at {args.save_at}: each step must be in 1..{args.steps - 1} (the last is --out)")
 
@@ -545,7 +550,7 @@ def main(argv=None):
     t0 = time.time()
     steps_done = 0
     mark, mark_step = t0, 0  # the step time is taken over the steps since the last log line, evaluation left out
-    for step in range(args.steps):
+    for step in range(args.steps if args.stop_after is None else args.stop_after):
         if step and args.max_seconds is not None and time.time() - t0 > args.max_seconds:
             stopped_early = True
             print(f"--max-seconds {args.max_seconds}: stopping after {step} steps", flush=True)
@@ -653,12 +658,15 @@ def main(argv=None):
 def training_md(m: dict, size: int) -> str:
     s, e = m["shape"], m["eval"]
     stop = (f", stopped by --max-seconds {m['max_seconds']} after {m['steps']} of {m['steps_planned']} planned steps"
-            if m["stopped_by_max_seconds"] else "")
+            if m["stopped_by_max_seconds"] else
+            f", stopped after {m['steps']} of {m['steps_planned']} planned steps (--stop-after)"
+            if m["steps"] < m["steps_planned"] else "")
     lines = [
         f"# {m['name']}: a geodraw policy (--size {m['size']})",
         "",
         "A small Qwen2.5-VL-architecture model (byte-level tokenizer with Qwen special tokens, `bapo_vl.tiny`), "
-        "trained from scratch (SFT) on the geodraw train split (`tasks/geodraw/task.py`: drawn geometry diagrams, "
+        + ("trained further (SFT) " if m.get("init_from") else "trained from scratch (SFT) ")
+        + "on the geodraw train split (`tasks/geodraw/task.py`: drawn geometry diagrams, "
         "the numbers only in the image, four choices). Prompt: the task's messages rendered as the embedded backend "
         f"renders them (image of {m['image_size']} px = {m['image_tokens']} image tokens); response "
         f"`{m['target_example']}` (--target {m['target']}; graded by `bapo_vl.verifiers.choice`). Use with max_pixels={m['max_pixels']} or more.",

@@ -66,11 +66,28 @@ def test_init_from_trains_a_saved_policy_further(trained, tmp_path):
                          "--eval-problems", "4", "--log-every", "1", "--device", "cpu", "--init-from", str(out)])
     first, last = meta["loss_log"][0]["loss"], meta["loss_log"][-1]["loss"]
     assert abs(again["loss_log"][0]["loss"] - last) < 0.25 * (first - last), (first, last, again["loss_log"])
-    assert again["init_from"] == str(out) and f"trained further from `{out}`" in (tmp_path / "more" / "TRAINING.md").read_text()
+    card = (tmp_path / "more" / "TRAINING.md").read_text()
+    assert again["init_from"] == str(out) and f"trained further from `{out}`" in card
+    assert "trained further (SFT) on the geodraw train split" in card and "from scratch" not in card
     with pytest.raises(SystemExit, match=f"--init-from {out}: not a policy of this shape"):
         script.main(["--size", "geodraw-tiny", "--hidden", "32", "--out", str(tmp_path / "other"), "--data", "fixed",
                      "--problems", "8", "--steps", "1", "--image-size", str(SIDE), "--device", "cpu",
                      "--init-from", str(out)])
+
+
+def test_stop_after_is_the_first_steps_of_the_planned_schedule(trained, tmp_path):
+    # Could fail if --stop-after shortened the learning-rate schedule (the losses would part from the 40-step run's
+    # after warm-up), ran a step more or less, or the card did not say where the run stopped.
+    out, meta = trained
+    cut = script.main(["--size", "geodraw-tiny", "--out", str(tmp_path / "cut"), "--data", "fixed", "--problems", "8",
+                       "--batch", "8", "--steps", "40", "--stop-after", "12", "--lr", "3e-3", "--warmup", "5",
+                       "--image-size", str(SIDE), "--eval-problems", "4", "--log-every", "1", "--device", "cpu"])
+    assert cut["steps"] == 12 and cut["steps_planned"] == 40 and not cut["stopped_by_max_seconds"]
+    assert [d["loss"] for d in cut["loss_log"]] == pytest.approx([d["loss"] for d in meta["loss_log"][:12]], rel=1e-5)
+    assert "stopped after 12 of 40 planned steps (--stop-after)" in (tmp_path / "cut" / "TRAINING.md").read_text()
+    with pytest.raises(SystemExit, match="--stop-after 41: must be in 1..--steps"):
+        script.main(["--size", "geodraw-tiny", "--out", str(tmp_path / "x"), "--steps", "40", "--stop-after", "41",
+                     "--device", "cpu"])
 
 
 def test_target_is_graded_correct():
