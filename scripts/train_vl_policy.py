@@ -27,8 +27,11 @@ then still saved and evaluated. At the end: greedy accuracy (through the real ve
 
     bapo train task=geodraw model=OUT max_pixels=50176      # 224*224: the processor keeps the 224 px image
 
-    PYTHONPATH=. python scripts/train_vl_policy.py --size geodraw-30m --out runs/policies/geodraw-30m \\
-        --data-workers 14 --no-deterministic                  # one GPU; the card: docs/study/geodraw-30m
+    PYTHONPATH=. python scripts/train_vl_policy.py --size geodraw-30m --out runs/policies/geodraw-30m-stage1 \\
+        --data-workers 14 --no-deterministic                  # one GPU
+
+The start policy of the RL studies is two such runs, the second trained further from the first at a restarted
+learning rate: `bash scripts/build_geodraw_policy.sh OUT` (its card: docs/study/geodraw-30m/policy-e).
 """
 from __future__ import annotations
 
