@@ -9,7 +9,7 @@
 set -euo pipefail
 out=$(realpath -m "${1:?usage: build_geodraw_policy.sh OUT [train_vl_policy.py flags]}"); shift
 cd "$(dirname "$0")/.."
-PYTHONPATH=. python scripts/train_vl_policy.py --size geodraw-30m --steps 2400 --stop-after 2152 \
+PYTHONPATH=. python3 scripts/train_vl_policy.py --size geodraw-30m --steps 2400 --stop-after 2152 \
     --out "$out/stage1" "$@"
-PYTHONPATH=. python scripts/train_vl_policy.py --size geodraw-30m --init-from "$out/stage1" --lr 1e-3 --warmup 50 \
+PYTHONPATH=. python3 scripts/train_vl_policy.py --size geodraw-30m --init-from "$out/stage1" --lr 1e-3 --warmup 50 \
     --steps 4800 --stop-after 2817 --out "$out" "$@"
