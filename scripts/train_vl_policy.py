@@ -395,6 +395,30 @@ def accuracy(model, processor, enc: Encoded, device, bf16: bool, batch: int = 64
                          for p, r in zip(enc.problems[:4], responses[:4])]}
 
 
+def evaluate(args) -> dict:
+    """--evaluate: a saved policy's greedy accuracy, by kind, numbers read and blank-image control."""
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    device = torch.device(args.device)
+    bf16 = args.bf16 if args.bf16 is not None else device.type == "cuda"
+    model = AutoModelForImageTextToText.from_pretrained(args.evaluate).to(device).eval()
+    processor = AutoProcessor.from_pretrained(args.evaluate)
+    task, batch = get_task(), args.eval_batch or (128 if device.type == "cuda" else 32)
+    found = {}
+    for name, blank in (("diagrams", False), ("blank", True)):
+        problems = task.load(split="test", n=args.eval_problems, seed=TEST_SEED, image_size=args.image_size,
+                             blank_images=blank)
+        found[name] = accuracy(model, processor, Encoded(problems, processor, with_response=False), device, bf16, batch)
+    r, b = found["diagrams"], found["blank"]
+    result = {"policy": args.evaluate, "split": "test", "seed": TEST_SEED, "n": r["n"], "greedy_acc": r["acc"],
+              "greedy_acc_by_kind": r["by_kind"], "numbers_read": r["read"], "blank_images_greedy_acc": b["acc"],
+              "blank_images_by_kind": b["by_kind"], "examples": r["examples"]}
+    print(json.dumps(result), flush=True)
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=1))
+    return result
+
+
 def build(args):
     from bapo_vl.tiny import build_qwen2_5_vl
     from bapo_vl.vision_attention import use_segment_attention
@@ -436,7 +460,11 @@ def main(argv=None):
     from bapo_vl.optim import lr_factor
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", help="the policy folder to write (with --evaluate: the JSON file, optional)")
+    ap.add_argument("--evaluate", metavar="FOLDER",
+                    help="train nothing: evaluate this saved policy (an RL run's final/ too) as a training run's end "
+                         "does (greedy by kind, numbers read, blank images; --eval-problems, --image-size, --device) "
+                         "and print the result as JSON")
     ap.add_argument("--size", choices=list(SIZES), default="geodraw-30m",
                     help="shape and recipe (the flags below override its values): " + "; ".join(
                         f"{name}: {', '.join(f'{k}={v}' for k, v in d.items())}" for name, d in SIZES.items()))
@@ -486,6 +514,10 @@ def main(argv=None):
                     help="also save the policy as it is after these steps, in OUT/step_N (with its greedy accuracy "
                          f"on {EVAL_DURING} test problems)")
     args = ap.parse_args(argv)
+    if args.evaluate:
+        return evaluate(args)
+    if not args.out:
+        ap.error("--out is required (unless --evaluate)")
     for key, value in SIZES[args.size].items():
         if getattr(args, key) is None:
             setattr(args, key, value)

@@ -90,6 +90,19 @@ def test_stop_after_is_the_first_steps_of_the_planned_schedule(trained, tmp_path
                      "--device", "cpu"])
 
 
+def test_evaluate_gives_what_the_training_run_measured(trained, tmp_path):
+    # Could fail if --evaluate loaded the policy, encoded the prompts or graded the responses otherwise than the end
+    # of a training run does (its figures would part from training.json's), or did not write its JSON.
+    out, meta = trained
+    got = script.main(["--evaluate", str(out), "--eval-problems", "8", "--image-size", str(SIDE), "--device", "cpu",
+                       "--out", str(tmp_path / "eval.json")])
+    e = meta["eval"]
+    assert (got["greedy_acc"], got["numbers_read"], got["blank_images_greedy_acc"]) == (
+        e["greedy_acc"], e["numbers_read"], e["blank_images_greedy_acc"])
+    assert got["greedy_acc_by_kind"] == e["greedy_acc_by_kind"] and got["examples"] == e["examples"]
+    assert json.loads((tmp_path / "eval.json").read_text())["n"] == 8
+
+
 def test_target_is_graded_correct():
     from bapo_vl.problem import Verdict
 
