@@ -11,8 +11,8 @@ import pytest
 from bapo_vl.cli import main
 
 SEED = 1
-# Prompts in the compact countdown form the bundled policy was trained on. It opens "<answer>(" about 57 % of the
-# time and "<answer>" + a digit otherwise; only the digit is rewarded. The reward depends on the 9th token alone,
+# Prompts in the compact countdown form the bundled policy was trained on. It opens "<answer>(" in about half of its
+# responses and "<answer>" + a digit in the others; only the digit is rewarded. The reward depends on the 9th token alone,
 # so 10 response tokens are enough.
 TEXT_PLUGIN = '''
 import random
@@ -86,7 +86,7 @@ def test_rl_raises_the_reward_of_the_tiny_text_policy(tmp_path, algo):
     rewards = fresh_rewards(tmp_path / "runs" / "r")
     assert len(rewards) == steps
     assert 0.2 <= rewards[0] <= 0.7, rewards  # the start policy earns it sometimes: groups are mixed
-    # measured (seeds 1-5): first 3 steps 0.35-0.69, last 3 0.95-1.0; 64 rollouts a step put noise near 0.05
+    # 64 rollouts a step: the margin is several times a step's sampling noise, and holds over seeds
     assert mean(rewards[-3:]) >= mean(rewards[:3]) + 0.2, rewards
     assert mean(rewards[-3:]) >= 0.8, rewards  # most responses earn it now
 
@@ -110,5 +110,4 @@ def test_rl_raises_the_reward_of_a_tiny_qwen2_5_vl(tmp_path):
     rewards = fresh_rewards(tmp_path / "runs" / "r")
     assert len(rewards) == steps
     assert 0.1 <= rewards[0] <= 0.5, rewards
-    # measured (seeds 1-5): first 3 steps 0.20-0.30, last 3 0.98-1.0
     assert mean(rewards[-3:]) >= mean(rewards[:3]) + 0.4, rewards
