@@ -1,5 +1,5 @@
 #!/bin/bash
-# Rebuild the geodraw-30m start policy (docs/study/geodraw-30m/policy-e/) on one GPU, about 20 minutes on an H100:
+# Rebuild the geodraw-30m start policy (docs/study/geodraw-30m/policy-e/) on one GPU:
 #
 #     bash scripts/build_geodraw_policy.sh runs/policies/geodraw-30m [--data-workers 14 --no-deterministic]
 #
