@@ -4,12 +4,12 @@
 #     bash scripts/build_geodraw_policy.sh runs/policies/geodraw-30m [--data-workers 14 --no-deterministic]
 #
 # Two stages of scripts/train_vl_policy.py (the second restarts the learning rate; the numbers are read reliably
-# only after it): 2,152 steps of a 2,400-step cosine at lr 1.5e-3 with the glyph loss (OUT/stage1, its own card),
-# then 2,817 steps of a 4,800-step cosine at lr 1e-3 from it (OUT, the policy). Extra flags go to both stages.
+# only after it): 2,152 steps of a 2,400-step cosine at lr 1.5e-3 with the glyph loss (FOLDER/stage1, its own card),
+# then 2,817 steps of a 4,800-step cosine at lr 1e-3 from it (FOLDER, the policy). Extra flags go to both stages.
 set -euo pipefail
-out=$(realpath -m "${1:?usage: build_geodraw_policy.sh OUT [train_vl_policy.py flags]}"); shift
+policy=$(realpath -m "${1:?usage: build_geodraw_policy.sh FOLDER [train_vl_policy.py flags]}"); shift
 cd "$(dirname "$0")/.."
 PYTHONPATH=. python3 scripts/train_vl_policy.py --size geodraw-30m --steps 2400 --stop-after 2152 \
-    --out "$out/stage1" "$@"
-PYTHONPATH=. python3 scripts/train_vl_policy.py --size geodraw-30m --init-from "$out/stage1" --lr 1e-3 --warmup 50 \
-    --steps 4800 --stop-after 2817 --out "$out" "$@"
+    --out "$policy/stage1" "$@"
+PYTHONPATH=. python3 scripts/train_vl_policy.py --size geodraw-30m --init-from "$policy/stage1" --lr 1e-3 --warmup 50 \
+    --steps 4800 --stop-after 2817 --out "$policy" "$@"

@@ -31,7 +31,7 @@ then still saved and evaluated. At the end: greedy accuracy (through the real ve
         --data-workers 14 --no-deterministic                  # one GPU
 
 The start policy of the RL studies is two such runs, the second trained further from the first at a restarted
-learning rate: `bash scripts/build_geodraw_policy.sh OUT` (its card: docs/study/geodraw-30m/policy-e).
+learning rate: `bash scripts/build_geodraw_policy.sh FOLDER` (its card: docs/study/geodraw-30m/policy-e).
 """
 from __future__ import annotations
 
