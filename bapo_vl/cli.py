@@ -176,6 +176,8 @@ def main(argv=None) -> int:
     p.add_argument("--run", metavar="RUN_DIR", help="also record the results in this run's evals table")
     p.add_argument("--step", type=int, help="step to record them at (default: the checkpoint's, else the last)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--against", metavar="FILE", help="an earlier --out JSON of the same problems: also print this "
+                   "evaluation minus it, mean@k paired by problem, with a 95 %% bootstrap interval")
     p.add_argument("--tasks-dir", dest="sub_tasks_dirs", action="append", default=[], metavar="DIR")
     p.set_defaults(fn=cmd_eval)
     from bapo_vl.app.cli import add_parser as add_dashboard_parser  # imports no gradio until it runs

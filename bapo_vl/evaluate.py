@@ -23,6 +23,11 @@ what the prompt bound leaves, and at least half the positions stay for the respo
 
 With --run the record is checked for writability before anything is computed; a write that fails anyway leaves
 the results printed and says they were not recorded (exit status 1).
+
+With --against BEFORE.json (an earlier `--out` file, e.g. of the start policy) each set shared by both also gets
+the paired difference of mean@k, this evaluation minus that one, over the problems both evaluated, with a 95 %
+bootstrap interval over problems and its two-sided p (bapo_vl.stats): "did training change this policy?" on the
+same held-out problems. The file is read before anything is computed.
 """
 from __future__ import annotations
 
@@ -86,6 +91,8 @@ class EvalOptions:
     """step the recorded results belong to; default: the checkpoint's step, else the run's last step"""
     quiet: bool = False
     """no progress bar"""
+    against: str | None = None
+    """a previous evaluation's JSON (--out) of the same problems: also report this one minus it, paired by problem"""
 
     def __post_init__(self):
         checks = [
@@ -364,10 +371,58 @@ def setup(opts: EvalOptions) -> Setup:
     return Setup(task, sets, options, eval_config(opts, model, defaults), model, checkpoint_dir, run_dir)
 
 
+def read_against(file: str) -> dict:
+    """An earlier `bapo eval --out` result, or one ValueError line naming the file and what is wrong with it."""
+    try:
+        base = json.loads(Path(file).read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ValueError(f"--against {file}: not a readable evaluation JSON ({type(e).__name__}: {e})") from e
+    sets = base.get("sets") if isinstance(base, dict) else None
+    if not isinstance(sets, dict) or not isinstance(base.get("k"), int) or not all(
+            isinstance(m, dict) and isinstance(m.get("problems"), dict) for m in sets.values()):
+        raise ValueError(f"--against {file}: not a `bapo eval --out` result (needs k and sets with per-problem "
+                         f"counts)")
+    return base
+
+
+def check_against(base: dict, file: str, task: str, sets) -> list[str]:
+    """The sets this evaluation shares with `base` (checked before anything is generated), or one ValueError line."""
+    if base.get("task") not in (None, task):
+        raise ValueError(f"--against {file}: it evaluated task {base['task']}, this evaluation {task}")
+    shared = [name for name in sets if name in base["sets"]]
+    if not shared:
+        raise ValueError(f"--against {file}: no set in common (it has {', '.join(base['sets']) or 'none'}; this "
+                         f"evaluation has {', '.join(sets)})")
+    return shared
+
+
+def paired_against(result: dict, base: dict, file: str, n_resamples: int = 10_000) -> dict:
+    """This evaluation minus `base`, per shared set: mean@k paired by problem uid, with a bootstrap interval."""
+    from bapo_vl.stats import hierarchical_bootstrap_diff
+
+    shared = check_against(base, file, result["task"], result["sets"])
+    out = {}
+    for name in shared:
+        mine, theirs = result["sets"][name]["problems"], base["sets"][name]["problems"]
+        uids = [u for u in mine if u in theirs]
+        if not uids:  # found only now, so the evaluation is kept and says so
+            out[name] = {"problems": 0, "error": f"no problem uid in common with {file}"}
+            continue
+        a = [[mine[u] / result["k"] for u in uids]]
+        b = [[theirs[u] / base["k"] for u in uids]]
+        d = hierarchical_bootstrap_diff(a, b, n_resamples=n_resamples)
+        out[name] = {"diff": d["diff"], "low": d["low"], "high": d["high"], "p": d["p"], "problems": len(uids),
+                     "only_here": len(mine) - len(uids), "only_there": len(theirs) - len(uids)}
+    return {"file": file, "k": base["k"], "temperature": base.get("temperature"), "sets": out}
+
+
 def run_eval(opts: EvalOptions) -> dict:
     """The whole of `bapo eval` but the printing: returns the result as one JSON-able object."""
     t0 = time.perf_counter()
+    base = read_against(opts.against) if opts.against else None
     s = setup(opts)
+    if base is not None:
+        check_against(base, opts.against, s.task.name, s.sets)
     backend = load_backend(s.cfg, s.checkpoint_dir)
     per_set = evaluate(backend, s.task, s.sets, opts.k, quiet=opts.quiet, greedy=opts.temperature == 0,
                        per_call=max(1, s.cfg.embedded.generate_batch_size // opts.k))
@@ -378,8 +433,10 @@ def run_eval(opts: EvalOptions) -> dict:
         "verifier_version": s.task.version, "splits": list(s.sets), "options": s.options,
         "k": opts.k, "temperature": opts.temperature, "max_new_tokens": s.cfg.sampling.max_response_length,
         "seed": opts.seed, "sets": per_set, "average": average(per_set),
-        "run": None, "step": None, "not_recorded": None, "seconds": None,
+        "run": None, "step": None, "not_recorded": None, "seconds": None, "against": None,
     }
+    if base is not None:
+        result["against"] = paired_against(result, base, opts.against)
     if opts.run:
         same_run = s.run_dir is not None and Path(opts.run).resolve() == s.run_dir.resolve()
         step = opts.step if opts.step is not None else checkpoint if same_run else None
@@ -400,6 +457,15 @@ def print_result(result: dict) -> None:
     where = f" checkpoint {result['checkpoint']}" if result["checkpoint"] is not None else ""
     _print_table(f"{result['task']}: {result['model']}{where}, k={k}, temperature={result['temperature']}",
                  ["set", "problems", f"mean@{k}", f"pass@{k}", *VERDICTS], rows)
+    against = result.get("against")
+    for name, d in (against["sets"] if against else {}).items():
+        if d.get("error"):
+            print(f"{name} against {against['file']}: {d['error']}", file=sys.stderr)
+            continue
+        unpaired = (f"; unpaired: {d['only_here']} here, {d['only_there']} there"
+                    if d["only_here"] or d["only_there"] else "")
+        print(f"{name} against {against['file']} (k={against['k']}): \u0394 mean@k {d['diff']:+.3f} "
+              f"[{d['low']:+.3f}, {d['high']:+.3f}], p {d['p']:.4f}, {d['problems']} problems paired{unpaired}")
     if result["run"]:
         print(f"recorded in {result['run']} (evals table) at step {result['step']}")
     if result["not_recorded"]:

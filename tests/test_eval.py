@@ -117,3 +117,71 @@ def test_eval_defaults_come_from_the_preset_and_the_models_positions(tmp_path, c
     assert fit_lengths(2048, 8192, 4096, False) == (2048, 2048)  # the response gets what the prompt bound leaves
     assert fit_lengths(2048, 8192, 256, False) == (128, 128)  # ... and at least half the positions
     assert fit_lengths(2048, 200, 256, True) == (56, 200)  # a given length stays; the prompt bound shrinks
+
+
+def test_against_an_earlier_evaluation_pairs_by_problem(tmp_path, capsys):
+    # Could fail if the difference were not paired by uid (a reordered or shorter base would shift it), if the
+    # interval did not come from the per-problem differences, or if a bad file cost the evaluation one clear line.
+    args = ["eval", "countdown-tiny", "--task", "countdown", "--template", "compact", "--splits", "cd34",
+            "--k", "1", "--temperature", "0", "--max-new-tokens", "40", "--device", "cpu", "--quiet"]
+    before = tmp_path / "before.json"
+    assert main([*args, "--limit", "20", "--out", str(before)]) == 0
+    base = json.loads(before.read_text())
+    mean = base["sets"]["cd34"]["mean@k"]
+    assert 0 < mean < 1, "the test needs a policy that solves some problems and not all"
+
+    # the same greedy policy against itself: exactly no difference
+    same = tmp_path / "same.json"
+    assert main([*args, "--limit", "20", "--against", str(before), "--out", str(same)]) == 0
+    d = json.loads(same.read_text())["against"]["sets"]["cd34"]
+    assert (d["diff"], d["low"], d["high"], d["problems"]) == (0.0, 0.0, 0.0, 20)
+    assert "cd34 against" in capsys.readouterr().out
+
+    # a base that got nothing right, its problems in reverse order and the last five missing
+    problems = list(base["sets"]["cd34"]["problems"])
+    zero = dict(base, sets={"cd34": dict(base["sets"]["cd34"], problems={u: 0 for u in reversed(problems[:15])})})
+    (tmp_path / "zero.json").write_text(json.dumps(zero))
+    out = tmp_path / "vs-zero.json"
+    assert main([*args, "--limit", "20", "--against", str(tmp_path / "zero.json"), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    d = result["against"]["sets"]["cd34"]
+    paired = [result["sets"]["cd34"]["problems"][u] for u in problems[:15]]
+    assert d["problems"] == 15 and d["only_here"] == 5 and d["only_there"] == 0
+    assert d["diff"] == pytest.approx(sum(paired) / 15)
+    assert 0 <= d["low"] <= d["diff"] <= d["high"] <= 1 and d["low"] < d["high"]
+
+    # the same counts stored in reverse order: paired by uid they cancel exactly, by position they would not
+    counts = base["sets"]["cd34"]["problems"]
+    assert [counts[u] for u in problems[:15]] != [counts[u] for u in reversed(problems[:15])]
+    reordered = {u: counts[u] for u in reversed(problems[:15])}
+    shuffled = dict(base, sets={"cd34": dict(base["sets"]["cd34"], problems=reordered)})
+    (tmp_path / "shuffled.json").write_text(json.dumps(shuffled))
+    assert main([*args, "--limit", "20", "--against", str(tmp_path / "shuffled.json"), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["against"]["sets"]["cd34"]["diff"] == 0.0
+
+    # bad files: one line naming the file, before any evaluation
+    (tmp_path / "bad.json").write_text("{not json")
+    other = dict(base, sets={"cd4": base["sets"]["cd34"]})
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    capsys.readouterr()
+    for name, words in (("bad.json", ["bad.json", "not a readable evaluation JSON"]),
+                        ("other.json", ["other.json", "no set in common", "cd4"]),
+                        ("missing.json", ["missing.json"])):
+        assert main([*args, "--limit", "2", "--against", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and all(w in err for w in words), err
+
+
+def test_against_a_base_of_other_problems_keeps_the_evaluation(tmp_path, capsys):
+    # Could fail if a base sharing the set but no problem made the evaluation itself fail or go unwritten.
+    args = ["eval", "countdown-tiny", "--task", "countdown", "--template", "compact", "--splits", "cd34",
+            "--k", "1", "--temperature", "0", "--max-new-tokens", "40", "--device", "cpu", "--quiet", "--limit", "3"]
+    base = {"task": "countdown", "k": 1, "sets": {"cd34": {"problems": {"not-a-uid": 1}}}}
+    (tmp_path / "base.json").write_text(json.dumps(base))
+    out = tmp_path / "out.json"
+    assert main([*args, "--against", str(tmp_path / "base.json"), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert len(result["sets"]["cd34"]["problems"]) == 3
+    assert result["against"]["sets"]["cd34"] == {"problems": 0, "error": f"no problem uid in common with "
+                                                                           f"{tmp_path / 'base.json'}"}
+    assert "no problem uid in common" in capsys.readouterr().err

@@ -122,6 +122,8 @@ CASES: dict[str, Case] = {
     "bapo eval runs/<run> --k 32 --json --out eval.json": Case(fill={"<run>": "base"}, add="--limit 1", check=eval_json),
     "bapo eval runs/<run> --run runs/<run>": Case(fill={"<run>": "base"}, add="--limit 2",
                                                    check=shows("mean@8", "recorded in runs/base (evals table) at step 1")),
+    "bapo eval runs/<run> --k 32 --against start.json": Case(fill={"<run>": "base"}, add="--limit 2",
+                                                             check=shows("against start.json (k=8)", "problems paired")),
     "bapo eval Qwen/Qwen2.5-Math-1.5B --task math --source path/to/eval_dir --splits aime24,math500":
         Case(skip="Qwen/Qwen2.5-Math-1.5B from the hub (the tests run offline)"),
 }
@@ -132,7 +134,18 @@ FILES = {  # files README commands name, written into their folder
                                         {"problem": "What is 7 * 6?", "answer": "42"},
                                         {"problem": "What is 9 - 4?", "answer": "5"},
                                         {"problem": "What is 8 / 2?", "answer": "4"}]),
+    "start.json": lambda: json.dumps(start_evaluation()),
 }
+
+
+def start_evaluation() -> dict:
+    """An earlier `bapo eval --out` result for --against: the base run's eval sets, first two problems, none right."""
+    from bapo_vl.plugins import get_task
+
+    task = get_task("countdown")
+    sets = {split: {"problems": {p.uid: 0 for p in task.load(split=split, template="compact", limit=2)}}
+            for split in task.eval_splits}
+    return {"task": "countdown", "k": 8, "sets": sets}
 
 
 def readme_commands() -> list[str]:
@@ -211,7 +224,7 @@ def test_readme_command_runs(command, base_run, tmp_path, monkeypatch, capsys):
     for name, content in FILES.items():
         if name in command:
             (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-            (tmp_path / name).write_text(content)
+            (tmp_path / name).write_text(content() if callable(content) else content)
     monkeypatch.chdir(tmp_path)
     if case.server:
         page = serve(argv, tmp_path)
