@@ -9,7 +9,7 @@
 # OUT (result files, default ./bench-vl3b), STEPS (default 3: step 1 is warm-up), TIMEOUT (seconds per run, default
 # 7200), CARDS (CUDA_VISIBLE_DEVICES of the run, default the first GPUS cards).
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '2,12p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,10p' "$0"; exit 2; }
 row=$1 model=$(realpath "$2") g3k=$(realpath "$3") gpus=${4:-1}
 bench=$(realpath "$(dirname "$0")/../scripts/gpu/bench_backends.py")
 out=$(realpath -m "${OUT:-bench-vl3b}")
