@@ -162,9 +162,11 @@ def mrope_sections(head_dim: int) -> list[int]:
 
 def build_qwen2_5_vl(seed: int = 0, hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2,
                      intermediate: int = 128, min_pixels: int = 56 * 56, max_pixels: int = 224 * 224,
-                     tokenizer=None, vision: dict | None = None):
+                     tokenizer=None, vision: dict | None = None, vocab_size: int | None = None):
     """A tiny randomly initialised Qwen2_5_VLForConditionalGeneration (fp32) and its processor. `vision` replaces
-    the tiny vision tower's settings (e.g. VISION_3B, the real 3B model's tower)."""
+    the tiny vision tower's settings (e.g. VISION_3B, the real 3B model's tower); `vocab_size` pads the embedding and
+    LM head beyond the tokenizer's ids (as Qwen's 151,936 rows pad its tokenizer), for a real model's memory and
+    FLOPs: ids past the tokenizer can be sampled, and decode to nothing."""
     from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration
 
     processor = build_processor(tokenizer, min_pixels=min_pixels, max_pixels=max_pixels)
@@ -172,7 +174,7 @@ def build_qwen2_5_vl(seed: int = 0, hidden: int = 64, layers: int = 2, heads: in
     ids = _special_ids(tok)
     tid = tok.convert_tokens_to_ids
     text_config = dict(
-        **_text_kwargs(hidden, layers, heads, kv_heads, intermediate, len(tok), 4096),
+        **_text_kwargs(hidden, layers, heads, kv_heads, intermediate, max(vocab_size or 0, len(tok)), 4096),
         rope_parameters={"rope_type": "default", "rope_theta": 1e6, "mrope_section": mrope_sections(hidden // heads)},
         **ids,
     )

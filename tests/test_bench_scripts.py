@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 POLICY = ROOT / "bapo_vl" / "policy" / "countdown-tiny"
 
@@ -127,3 +129,114 @@ def test_reports_of_the_committed_vl_and_scoring_results():
     assert "| 2 (micro_batch_size) | 15.57 | 1.00x |" in scoring and "| 32 | 2.72 | 5.72x |" in scoring
     assert "| 16 (micro_batch_size) | 4.63 | 1.00x |" in scoring and "| 64 | 1.16 | 4.00x |" in scoring
     assert "| vllm | NVIDIA H200 | - | 16 x 8 | 14,450 |" in scoring and "| vllm-plain | NVIDIA H200 | - | 16 x 8 | 16,508 |" in scoring
+
+
+BENCH = ROOT / "scripts" / "gpu" / "bench_backends.py"
+G3K = ROOT / "tests" / "fixtures" / "geometry3k"
+TINY = dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, min_pixels=56 * 56, max_pixels=224 * 224,
+            vision=dict(depth=2, hidden_size=32, intermediate_size=64, num_heads=2, fullatt_block_indexes=[1]))
+
+
+def bench_backends():
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        import bench_backends
+    finally:
+        sys.path.remove(str(BENCH.parent))
+    return bench_backends
+
+
+def test_vl3b_model_is_qwen2_5_vl_3b(tmp_path):
+    # Could fail if the shape drifted from Qwen2.5-VL-3B's config.json, or the padded vocabulary did not reach the
+    # model (its embedding and LM head are 8 % of the parameters and of the FLOPs EasyR1 counts).
+    from bapo_vl import tiny
+    from bapo_vl.perf import model_flops
+
+    spec = bench_backends().MODELS["vl3b"]
+    assert {k: spec[k] for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab_size")} == dict(
+        hidden=2048, layers=36, heads=16, kv_heads=2, intermediate=11008, vocab_size=151936)
+    assert spec["vision"] == "VISION_3B" and tiny.VISION_3B["depth"] == 32 and tiny.VISION_3B["hidden_size"] == 1280
+    # the real model's vocabulary under a tiny body: ids past the byte tokenizer's exist and decode to nothing
+    model, processor = bench_backends().build("vl3b", **TINY, vocab_size=4096)
+    text = model.config.text_config
+    assert text.vocab_size == 4096 > len(processor.tokenizer) and model.config.tie_word_embeddings
+    assert model.get_output_embeddings().weight.shape == (4096, 64)
+    assert processor.tokenizer.decode([72, 105, 4000], skip_special_tokens=True) == "Hi"
+    padded = model_flops(dict(hidden_size=2048, num_hidden_layers=36, vocab_size=151936, num_attention_heads=16,
+                              num_key_value_heads=2, intermediate_size=11008), [1])
+    assert 6 * 2 * 151936 * 2048 / padded > 0.15  # why the vocabulary is padded: the head is a sixth of the count
+
+
+@pytest.fixture(scope="module")
+def vl3b_tiny(tmp_path_factory):
+    """A vl3b-shaped model small enough for a CPU: tiny body, padded vocabulary (so sampled ids past the tokenizer's
+    go through the whole step), saved as the `models` subcommand saves it."""
+    out = tmp_path_factory.mktemp("vl3b") / "vl3b"
+    model, processor = bench_backends().build("vl3b", **TINY, vocab_size=2048)
+    model.save_pretrained(out)
+    processor.save_pretrained(out)
+    return out
+
+
+def test_vl3b_rows_compose_at_easyr1s_per_gpu_setting(vl3b_tiny, tmp_path):
+    # Could fail if --gpus stopped scaling the batch per GPU, a verl key were misspelt or refused by verl's own
+    # config (Hydra composes verl's real ppo_trainer.yaml here, and its ActorConfig checks the batch split), or the
+    # embedded row lost the settings its memory arithmetic depends on.
+    verl, emb = tmp_path / "verl.json", tmp_path / "embedded.json"
+    common = ["--shape", "vl3b", "--model", vl3b_tiny, "--source", G3K, "--check"]
+    run(BENCH, "train", *common, "--backend", "verl", "--gpus", "2", "--out", verl, cwd=tmp_path)
+    run(BENCH, "train", *common, "--backend", "embedded", "--out", emb, cwd=tmp_path)
+    v, e = json.loads(verl.read_text()), json.loads(emb.read_text())
+    for cfg, prompts in ((v["config"], 128), (e["config"], 64)):  # 64 prompts x 5 per GPU, 2048 + 2048 tokens
+        assert (cfg["batch_size"], cfg["group_size"], cfg["mini_batch_size"]) == (prompts, 5, prompts // 4)
+        assert (cfg["max_prompt_length"], cfg["max_response_length"], cfg["delay"], cfg["kl_coef"]) == (2048, 2048, 1, 0)
+        assert (cfg["min_pixels"], cfg["max_pixels"], cfg["task"]) == (262144, 4194304, "geometry3k")
+    assert (e["config"]["micro_batch_size"], e["config"]["mixed_precision"]) == (1, "autocast")
+    vc, actor, rollout = v["verl"], v["verl"]["actor_rollout_ref"]["actor"], v["verl"]["actor_rollout_ref"]["rollout"]
+    assert vc["trainer"]["n_gpus_per_node"] == 2 and vc["data"]["train_batch_size"] == 128
+    assert (actor["ppo_mini_batch_size"], actor["ppo_micro_batch_size_per_gpu"], rollout["n"]) == (32, 4, 5)
+    assert actor["fsdp_config"]["param_offload"] and actor["fsdp_config"]["optimizer_offload"]
+    assert rollout["free_cache_engine"] and rollout["gpu_memory_utilization"] == 0.6 and not rollout["enforce_eager"]
+    assert (rollout["tensor_model_parallel_size"], rollout["log_prob_micro_batch_size_per_gpu"]) == (1, 16)
+
+
+def test_vl3b_run_reports_easyr1s_figures_and_the_ratio(vl3b_tiny, tmp_path):
+    # Could fail if the tokens/s per GPU lost the prompt tokens (EasyR1 counts prompt + response), divided by the
+    # wrong time or GPU count, or the ratio were taken across cards or shapes.
+    import sqlite3
+
+    from bapo_vl.backends.embedded import PromptEncoder
+    from bapo_vl.config import Config
+    from bapo_vl.train import load_problems
+
+    shrink = ["device=cpu", "batch_size=2", "mini_batch_size=1", "max_response_length=6", "min_pixels=3136",
+              "max_pixels=50176"]
+    files = {}
+    for name, steps, extra in (("base", 2, ["generate_batch_size=4"]), ("row", 3, [])):
+        files[name] = tmp_path / f"{name}.json"
+        run(BENCH, "train", "--shape", "vl3b", "--backend", "embedded", "--model", vl3b_tiny, "--source", G3K,
+            "--steps", steps, "--run-dir", tmp_path / name, "--out", files[name], "--set", *shrink, *extra, cwd=tmp_path)
+    row, base = (json.loads(files[k].read_text()) for k in ("row", "base"))
+    assert row["rc"] == 0 and row["weights"] == "random" and row["card"] == "cpu" and row["actor_mfu"] is None
+    # the record's figures, recomputed: prompt tokens of each step's fresh prompts (x G) + its responses
+    db = tmp_path / "row" / "bench-vl3b-embedded1" / "run.db"
+    conn = sqlite3.connect(db)
+    cfg = Config.from_dict(json.loads(conn.execute("SELECT json FROM config").fetchone()[0]))
+    steps = conn.execute("SELECT step, time, metrics FROM steps ORDER BY step").fetchall()
+    uids = conn.execute("SELECT step, uid, G FROM prompt_steps WHERE subset IN ('x1', 'filtered')").fetchall()
+    conn.close()
+    encode = PromptEncoder(str(vl3b_tiny), cfg.sampling)
+    problems = {p.uid: p for p in load_problems(cfg.run)[1]}
+    rates = []
+    for (_, t0, _), (step, t1, m) in zip(steps, steps[1:]):
+        m = json.loads(m)
+        prompts = sum(G * len(encode(problems[uid])["input_ids"]) for s, uid, G in uids if s == step)
+        assert prompts > m["rollouts"] * 4  # each prompt carries its diagram's image tokens
+        rates.append((prompts + m["rollouts"] * m["response_length"]) / (t1 - t0))
+    assert len(rates) == 2 and abs(row["tokens_per_gpu_s"] - sorted(rates)[0] / 2 - sorted(rates)[1] / 2) < 1e-6
+    out = json.loads(run(BENCH, "summary", files["row"], "--baseline", files["base"], cwd=tmp_path))
+    assert out["row"] == "embedded (default engine)" and out["commit"] and out["date"] == row["date"]
+    assert out["tokens_per_gpu_s_x_baseline"] == row["tokens_per_gpu_s"] / base["tokens_per_gpu_s"]
+    other = tmp_path / "other.json"  # the same figures from another card: no ratio
+    other.write_text(json.dumps(dict(base, card="1 x NVIDIA H100 80GB HBM3")))
+    assert json.loads(run(BENCH, "summary", files["row"], "--baseline", other))["tokens_per_gpu_s_x_baseline"] is None

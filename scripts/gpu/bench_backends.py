@@ -1,11 +1,13 @@
 """GPU benchmark of the backends on the same shapes: per-step time split and tokens/s of the embedded backend (as it
 is), BAPO on verl with 1 GPU and with 2 GPUs, and the bandwidth bound of decode for each shape.
 
-    python scripts/gpu/bench_backends.py models DIR                        # random text-0.5B and VL shapes, saved
+    python scripts/gpu/bench_backends.py models DIR [--shapes vl3b]        # random text-0.5B and VL shapes, saved
     python scripts/gpu/bench_backends.py bound --shape text --model DIR/text --out F.json
     python scripts/gpu/bench_backends.py train --shape text --backend embedded --model DIR/text --out F.json
     python scripts/gpu/bench_backends.py train --shape text --backend verl --gpus 2 --model DIR/text --out F.json
     python scripts/gpu/bench_backends.py report F.json ...                 # the table, ratios against embedded
+    python scripts/gpu/bench_backends.py summary F.json --baseline B.json  # one row as JSON, EasyR1's figures
+    python scripts/gpu/bench_backends.py train ... --check                 # the run's config, composed, not run
 
 Shapes (random weights, byte vocabulary; every group is trained on: online_filter=none, no re-evaluation within the
 run, kl_coef=0 so neither backend keeps a reference model):
@@ -14,6 +16,28 @@ run, kl_coef=0 so neither backend keeps a reference model):
         model (hidden 1536, 28 layers, 12/2 heads), 2.0 B parameters: Geometry3K diagrams at up to 448x448 pixels
         (<= 256 visual tokens), 16 prompts x 8 x up to 256 response tokens. The 3B language model does not fit the
         embedded backend's fp32 AdamW on an 80 GB card next to its bf16 rollout copy.
+  vl3b  Qwen2.5-VL-3B's architecture (3.75 B: language model hidden 2048, 36 layers, 16/2 heads, intermediate 11008,
+        tied embeddings of 151,936 rows; the 32-block vision tower with window attention) at EasyR1's per-GPU
+        setting (examples/config.yaml, qwen2_5_vl_3b_geo3k_grpo.sh: 512 prompts x n=5 on 8 GPUs): 64 prompts x 5 per
+        GPU (`--gpus N`: 64 N prompts, mini-batches of 16 N prompts, EasyR1's 4 optimizer steps per step), prompts
+        and responses up to 2048 tokens, Geometry3K diagrams resized to 262,144..4,194,304 pixels, on-policy
+        (delay=1, no X2 or X3: the grpo algorithm) as EasyR1's GRPO. The byte tokenizer has 263 ids; the vocabulary is padded to the real 151,936 so
+        that embedding, LM head, their FLOPs and their AdamW state are the real model's. With random weights EOS is
+        one draw in 151,936, so responses run to the 2048-token budget: a step is the setting's longest; compare
+        tokens/s per GPU with EasyR1's, not seconds per step. Differences from EasyR1: no KL term (kl_coef 0: no
+        reference model; EasyR1 runs one at 1e-2), vLLM tensor parallel 1 (EasyR1: 2), top_p 1.
+        Memory (GB = 1e9 bytes) of the embedded backend on one card: fp32 weights 15.0 + AdamW 30.0 stay resident
+        (delay=1: no rollout copy; kl_coef 0: no reference copy); generation adds vLLM's share of the card
+        (gpu_memory_utilization 0.3: its bf16 weights 7.5 + KV cache at 36,864 bytes a token), asleep during the
+        update; the update adds fp32 gradients 15.0, autocast's bf16 weight casts 7.5 (held through forward and
+        backward) and one micro-batch's activations: without activation checkpointing about 36 h + 10 i bytes a
+        token a layer (h 2048, i 11008: 184 KB, x 36 layers = 6.6 MB a token), for one sequence of ~2,600 tokens
+        (micro_batch_size=1) ~17 GB: ~85 GB in all, the whole of an 80 GB card (81,559 MiB) before CUDA's context
+        and fragmentation, so expect the embedded rows to run out of memory there and to fit a 141 GB card.
+        mixed_precision=compute_copy would hold more, not less (a bf16 copy 7.5 resident + its bf16 gradients 7.5
+        in the backward). verl, per GPU: EasyR1's FSDP settings (parameters and optimizer offloaded to the CPU
+        outside the update, gradient checkpointing, update micro-batches of 4, log-prob micro-batches of 16, vLLM at
+        0.6 of the card, freed during the update); the update holds 60.0 / N GB of fp32 state per card.
 
 A `train` run is `bapo train` (embedded) or `python -m bapo_vl.backends.verl_main` (verl) for --steps steps; figures
 come from its run record (t_generate, t_verify, t_train, t_sync, rollouts, response_length, step wall times); step 1
@@ -39,7 +63,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 TEXT = dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864)
 VL_TEXT = dict(hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960)
+VL3B_TEXT = dict(hidden=2048, layers=36, heads=16, kv_heads=2, intermediate=11008, vocab_size=151936)
 MAX_PIXELS = 448 * 448
+EASYR1_PIXELS = dict(min_pixels=262144, max_pixels=4194304)  # EasyR1's examples/config.yaml
 
 COMMON = dict(online_filter="none", reeval_every=100000, kl_coef=0.0, entropy_coef=0.0, lr=1e-6, device="cuda",
               save_every=0, log_samples=2)
@@ -58,6 +84,24 @@ SHAPES = {
                          mini_batch_size=16, micro_batch_size=8, max_pixels=MAX_PIXELS),
                verl={"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
                      "actor_rollout_ref.rollout.gpu_memory_utilization": 0.35, **VLLM_AS_USERS_RUN_IT}),
+    # per_gpu: the fields multiplied by --gpus (EasyR1's setting is per GPU); prompt_tokens: the bound's estimate
+    "vl3b": dict(preset="geometry3k", verl_preset="verl_tiny_vl.yaml", prompt_tokens=600,
+                 per_gpu=("batch_size", "mini_batch_size"),
+                 bapo=dict(COMMON, delay=1, use_x2=False, use_x3=False, batch_size=64, group_size=5,
+                           max_prompt_length=2048, max_response_length=2048, mini_batch_size=16, weight_decay=0.01,
+                           micro_batch_size=1, score_batch_size=16, generate_batch_size=128, **EASYR1_PIXELS),
+                 verl={"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+                       "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16,
+                       "actor_rollout_ref.rollout.gpu_memory_utilization": 0.6,
+                       "actor_rollout_ref.rollout.free_cache_engine": True,  # delay=1: vLLM may free its memory
+                       "actor_rollout_ref.actor.fsdp_config.param_offload": True,
+                       "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
+                       **VLLM_AS_USERS_RUN_IT}),
+}
+MODELS = {  # the `models` subcommand's random-weight models, by shape
+    "text": dict(TEXT),
+    "vl": dict(VL_TEXT, vision="VISION_3B", max_pixels=MAX_PIXELS),
+    "vl3b": dict(VL3B_TEXT, vision="VISION_3B", **EASYR1_PIXELS),
 }
 
 
@@ -66,19 +110,29 @@ def card() -> str:
     return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
 
 
-def models(out: Path):
+def build(shape: str, **change):
+    """The shape's random-weight model and its tokenizer / processor; `change` replaces settings (smaller ones
+    for a CPU check)."""
+    from bapo_vl import tiny
+
+    spec = dict(MODELS[shape], **change)
+    if shape == "text":
+        return tiny.build_qwen2(**spec)
+    if isinstance(spec.get("vision"), str):
+        spec["vision"] = getattr(tiny, spec["vision"])
+    return tiny.build_qwen2_5_vl(**spec)
+
+
+def models(out: Path, shapes: list[str] | None = None):
     import torch
 
-    from bapo_vl.tiny import VISION_3B, build_qwen2, build_qwen2_5_vl
-
     torch.set_default_device("cuda" if torch.cuda.is_available() else "cpu")  # random init on the card, not on the CPU
-    for name, build in (("text", lambda: build_qwen2(**TEXT)),
-                        ("vl", lambda: build_qwen2_5_vl(**VL_TEXT, vision=VISION_3B, max_pixels=MAX_PIXELS))):
-        model, tok = build()
+    for name in shapes or MODELS:
+        model, tok = build(name)
         model.to(torch.bfloat16).save_pretrained(out / name)
         tok.save_pretrained(out / name)
-        print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e9:.3f} B parameters -> {out / name}",
-              flush=True)
+        print(f"{name}: {sum(p.numel() for p in model.parameters()) / 1e9:.3f} B parameters, random weights -> "
+              f"{out / name}", flush=True)
         del model
         torch.cuda.empty_cache()
 
@@ -125,32 +179,70 @@ def _arg(v) -> str:
     return json.dumps(v) if isinstance(v, (dict, list)) else str(v)
 
 
-def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out: Path, source: str | None,
-          run_dir: Path, timeout: float, extra: list[str], cuda: str | None = None, keep_weights: bool = False):
+def fields(shape: str, gpus: int, extra: list[str]) -> dict:
+    """The run's Config fields: the shape's, the per-GPU ones times `gpus`, then the `--set` ones (not verl.*)."""
+    spec = SHAPES[shape]
+    bapo = dict(spec["bapo"], **{k: spec["bapo"][k] * gpus for k in spec.get("per_gpu", ())})
+    bapo.update(item.split("=", 1) for item in extra if not item.startswith("verl."))
+    return bapo
+
+
+def command(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, source: str | None, run_dir: Path,
+            extra: list[str]) -> tuple[str, list[str], dict]:
+    """(run name, the command that runs it, verl's overrides: {} for the embedded backend)."""
     spec = SHAPES[shape]
     engine = next((e.split("=", 1)[1] for e in extra if e.startswith("rollout_engine=")), None)
     name = f"bench-{shape}-{backend}{gpus}" + (f"-{engine}" if engine else "")
-    bapo = dict(spec["bapo"], model=str(model_dir), steps=steps, run_dir=str(run_dir), name=name)
-    bapo.update(item.split("=", 1) for item in extra if not item.startswith("verl."))
+    bapo = dict(fields(shape, gpus, extra), model=str(model_dir), steps=steps, run_dir=str(run_dir), name=name)
     verl_extra = dict(item.removeprefix("verl.").split("=", 1) for item in extra if item.startswith("verl."))
     if verl_extra and backend != "verl":
         raise SystemExit(f"verl.* settings {sorted(verl_extra)} apply to --backend verl only")
     if source:
         bapo["task_options"] = {"source": source}
     if backend == "embedded":
-        cmd = [sys.executable, "-c", "from bapo_vl.cli import main; main()", "train", "--preset", spec["preset"],
-               *[f"{k}={_arg(v)}" for k, v in bapo.items()]]
-    else:
-        from bapo_vl.config import BACKEND_OF
+        return name, [sys.executable, "-c", "from bapo_vl.cli import main; main()", "train", "--preset",
+                      spec["preset"], *[f"{k}={_arg(v)}" for k, v in bapo.items()]], {}
+    from bapo_vl.config import BACKEND_OF
 
-        for key in ["device", *(k for k in bapo if BACKEND_OF.get(k) == "embedded")]:
-            bapo.pop(key)  # the embedded backend's settings, refused on verl: spec["verl"] has verl's
-        verl = dict(spec["verl"], **{"trainer.n_gpus_per_node": gpus}, **verl_extra)
-        cmd = [sys.executable, "-m", "bapo_vl.backends.verl_main", "--config",
-               str(REPO / "bapo_vl" / "presets" / spec["verl_preset"]),
-               *[f"bapo.{k}={_arg(v)}" for k, v in bapo.items()], *[f"verl.{k}={v}" for k, v in verl.items()]]
-    env = dict(os.environ, CUDA_VISIBLE_DEVICES=cuda or ",".join(str(i) for i in range(gpus)))
+    for key in ["device", *(k for k in bapo if BACKEND_OF.get(k) == "embedded")]:
+        bapo.pop(key, None)  # the embedded backend's settings, refused on verl: spec["verl"] has verl's
+    verl = dict(spec["verl"], **{"trainer.n_gpus_per_node": gpus}, **verl_extra)
+    return name, [sys.executable, "-m", "bapo_vl.backends.verl_main", "--config",
+                  str(REPO / "bapo_vl" / "presets" / spec["verl_preset"]),
+                  *[f"bapo.{k}={_arg(v)}" for k, v in bapo.items()], *[f"verl.{k}={v}" for k, v in verl.items()]], verl
+
+
+def check(backend: str, gpus: int, cmd: list[str]) -> dict:
+    """The run's config as the command would load it (and, on verl, compose it with verl's own config and check it
+    as verl's actor worker does), without running it: what can be known of a GPU run on any machine."""
+    from bapo_vl.config import load_config
+
+    if backend == "embedded":
+        args = cmd[cmd.index("--preset") + 2:]
+        cfg = load_config(cmd[cmd.index("--preset") + 1], None, args)
+        return dict(config=cfg.to_dict())
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from bapo_vl.backends.verl_backend import validate_verl_config
+    from bapo_vl.backends.verl_main import load_configs
+
+    cfg, vcfg = load_configs(cmd[cmd.index("--config") + 1], cmd[cmd.index("--config") + 2:])
+    r = vcfg.actor_rollout_ref.rollout
+    validate_verl_config(r.name, r.free_cache_engine, cfg.bapo.delay)
+    omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor).validate(n_gpus=gpus, train_batch_size=cfg.sampling.batch_size)
+    return dict(config=cfg.to_dict(), verl=OmegaConf.to_container(vcfg, resolve=False))
+
+
+def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out: Path, source: str | None,
+          run_dir: Path, timeout: float, extra: list[str], cuda: str | None = None, keep_weights: bool = False,
+          dry: bool = False):
+    name, cmd, verl = command(shape, backend, gpus, model_dir, steps, source, run_dir, extra)
     print(" ".join(cmd), flush=True)
+    if dry:
+        _write(out, dict(kind="check", shape=shape, backend=backend, gpus=gpus, command=cmd, **check(backend, gpus, cmd)))
+        return
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES=cuda or ",".join(str(i) for i in range(gpus)))
     t0 = time.time()
     try:
         proc = subprocess.run(cmd, env=env, timeout=timeout)
@@ -159,14 +251,67 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
         rc = "timeout"
     mode = {} if backend != "verl" else {
         "vllm_mode": "eager" if str(verl["actor_rollout_ref.rollout.enforce_eager"]).lower() == "true" else "cuda graphs"}
-    result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), rc=rc, wall_s=time.time() - t0,
-                  **mode,
-                  steps=steps, overrides=extra,
-                  **steps_summary(run_dir / name / "run.db"))
+    db = run_dir / name / "run.db"
+    summary = steps_summary(db)
+    if "error" not in summary:
+        try:
+            summary |= easyr1_figures(db, model_dir, gpus, card())
+        except Exception as e:  # noqa: BLE001 - the timings stand without them
+            summary["easyr1_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+    result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), **provenance(), rc=rc,
+                  wall_s=time.time() - t0, **mode, steps=steps, overrides=extra, weights="random", model=str(model_dir),
+                  **summary)
     _write(out, result)
     if not keep_weights:  # a 2 B model's checkpoints (fp32 + AdamW) are tens of GB: a few runs fill a GPU machine's disk
         for folder in ("checkpoints", "final"):
             shutil.rmtree(run_dir / name / folder, ignore_errors=True)
+
+
+def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict:
+    """Throughput and actor MFU as EasyR1 defines them (bapo_vl/perf.py), medians over steps 2..: tokens/s per GPU
+    = the step's prompt + response tokens / (step seconds x GPUs); MFU of the update (t_train) over the trained
+    sequences. Prompt lengths are the fresh prompts' as the model's processor encodes them (the record keeps
+    uids, not lengths); responses are taken at the step's mean length, so the attention term, a sum of squares, is
+    a lower bound and the MFU with it."""
+    from bapo_vl.backends.embedded import PromptEncoder
+    from bapo_vl.config import Config
+    from bapo_vl.perf import actor_mfu, peak_flops
+    from bapo_vl.record import FRESH, sql_in
+    from bapo_vl.train import load_problems
+    from transformers import AutoConfig
+
+    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        cfg = Config.from_dict(json.loads(conn.execute("SELECT json FROM config").fetchone()[0]))
+        steps = [(step, t, json.loads(m)) for step, t, m in
+                 conn.execute("SELECT step, time, metrics FROM steps ORDER BY step")]
+        fresh = {}
+        for step, uid, G in conn.execute(f"SELECT step, uid, G FROM prompt_steps WHERE {sql_in(FRESH)}"):
+            fresh.setdefault(step, []).append((uid, G))
+    finally:
+        conn.close()
+    _, problems = load_problems(cfg.run)
+    by_uid = {p.uid: p for p in problems}
+    encoder = PromptEncoder(str(model_dir), cfg.sampling)
+    length = {}
+    model_cfg = AutoConfig.from_pretrained(model_dir)
+    peak = peak_flops(card_name)
+    per_gpu, mfu, prompt_tokens = [], [], []
+    for (_, t0, _), (step, t1, m) in zip(steps, steps[1:]):
+        seqs = []
+        for uid, G in fresh.get(step, []):
+            if uid not in length:
+                length[uid] = len(encoder(by_uid[uid])["input_ids"])
+            seqs += [length[uid]] * G
+        prompts = sum(seqs)
+        tokens = prompts + m["rollouts"] * m["response_length"]
+        prompt_tokens.append(prompts)
+        per_gpu.append(tokens / ((t1 - t0) * gpus))
+        value = actor_mfu(model_cfg, [s + round(m["response_length"]) for s in seqs], m["t_train"], gpus, peak)
+        if value is not None:
+            mfu.append(value)
+    return dict(prompt_tokens=statistics.median(prompt_tokens), tokens_per_gpu_s=statistics.median(per_gpu),
+                actor_mfu=statistics.median(mfu) if mfu else None, peak_flops=peak)
 
 
 def steps_summary(db: Path) -> dict:
@@ -189,6 +334,43 @@ def steps_summary(db: Path) -> dict:
                 generate_tokens_per_s=statistics.median(t / m["t_generate"] for t, m in zip(tokens, later)),
                 train_tokens_per_s=statistics.median(t / m["t_train"] for t, m in zip(tokens, later) if m["t_train"]),
                 loss=later[-1].get("loss"), grad_norm=later[-1].get("grad_norm"))
+
+
+def provenance() -> dict:
+    """When, and from which commit of this checkout ("-dirty" with uncommitted changes; None outside git)."""
+    git = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True)  # noqa: E731
+    head = git("rev-parse", "--short", "HEAD")
+    commit = None
+    if head.returncode == 0:
+        commit = head.stdout.strip() + ("-dirty" if git("status", "--porcelain", "--untracked-files=no").stdout.strip()
+                                        else "")
+    return dict(date=time.strftime("%Y-%m-%d", time.gmtime()), commit=commit)
+
+
+def label(r: dict) -> str:
+    engine = next((o.split("=", 1)[1] for o in r.get("overrides") or [] if o.startswith("rollout_engine=")), None)
+    return (f"embedded ({engine or 'default'} engine)" if r["backend"] == "embedded"
+            else f"verl, {r['gpus']} GPU{'s' if r['gpus'] > 1 else ''}")
+
+
+def summary(result: dict, baseline: dict | None) -> dict:
+    """One row of a benchmarks/ table: the result's figures as EasyR1 reports them and its tokens/s per GPU over the
+    baseline's, measured by the same command (verl N GPUs over verl 1 GPU: the scaling efficiency; the embedded vLLM
+    engine over the transformers engine: its speed-up). A failed run, or a baseline of another card or shape, gives
+    no ratio."""
+    keys = ("step_s", "generate_s", "verify_s", "train_s", "sync_s", "rollouts", "response_length", "prompt_tokens",
+            "tokens_per_gpu_s", "actor_mfu", "peak_flops", "steps_recorded", "error", "easyr1_error")
+    row = dict(kind="summary", row=label(result), shape=result["shape"], card=result["card"],
+               date=result.get("date"), commit=result.get("commit"), weights=result.get("weights"), rc=result["rc"],
+               gpus=result["gpus"], overrides=result.get("overrides") or [],
+               **{k: result[k] for k in keys if k in result})
+    if baseline is not None:
+        row["baseline"] = dict(row=label(baseline), card=baseline["card"], rc=baseline["rc"],
+                               **{k: baseline.get(k) for k in ("gpus", "tokens_per_gpu_s", "step_s")})
+        same = (card_model(result), result["shape"]) == (card_model(baseline), baseline["shape"])
+        ok = same and result.get("tokens_per_gpu_s") and baseline.get("tokens_per_gpu_s")
+        row["tokens_per_gpu_s_x_baseline"] = result["tokens_per_gpu_s"] / baseline["tokens_per_gpu_s"] if ok else None
+    return row
 
 
 def _write(out: Path, result: dict):
@@ -246,7 +428,9 @@ def report(files: list[Path]):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("models").add_argument("out", type=Path)
+    m = sub.add_parser("models")
+    m.add_argument("out", type=Path)
+    m.add_argument("--shapes", nargs="+", choices=MODELS, help="only these (default: all)")
     b = sub.add_parser("bound")
     t = sub.add_parser("train")
     for p in (b, t):
@@ -256,7 +440,7 @@ def main():
     t.add_argument("--backend", choices=["embedded", "verl"], required=True)
     t.add_argument("--gpus", type=int, default=1)
     t.add_argument("--steps", type=int, default=4)
-    t.add_argument("--source", help="Geometry3K data folder (vl shape)")
+    t.add_argument("--source", help="Geometry3K data folder (vl, vl3b shapes)")
     t.add_argument("--run-dir", type=Path, default=Path("/tmp/bench-runs"))
     t.add_argument("--timeout", type=float, default=500)
     t.add_argument("--set", nargs="*", default=[], help="more Config fields, KEY=VALUE (e.g. device=cpu); "
@@ -264,15 +448,23 @@ def main():
     t.add_argument("--cuda", help="CUDA_VISIBLE_DEVICES for the run (default: the first --gpus cards)")
     t.add_argument("--keep-weights", action="store_true", help="keep the run's checkpoints and final/ (default: "
                    "removed once the figures are read; the run record stays)")
+    t.add_argument("--check", action="store_true", help="compose and check the run's config (verl's too), write "
+                   "it to --out and exit: runs nothing, needs no GPU")
     sub.add_parser("report").add_argument("files", type=Path, nargs="+")
+    s = sub.add_parser("summary")
+    s.add_argument("result", type=Path)
+    s.add_argument("--baseline", type=Path, help="a result of the same command to take the ratio against")
     a = ap.parse_args()
     if a.cmd == "models":
-        models(a.out)
+        models(a.out, a.shapes)
+    elif a.cmd == "summary":
+        print(json.dumps(summary(json.loads(a.result.read_text()),
+                                 json.loads(a.baseline.read_text()) if a.baseline else None), indent=1))
     elif a.cmd == "bound":
         bound(a.shape, a.model, a.out)
     elif a.cmd == "train":
         train(a.shape, a.backend, a.gpus, a.model, a.steps, a.out, a.source, a.run_dir, a.timeout, a.set, a.cuda,
-              a.keep_weights)
+              a.keep_weights, a.check)
     else:
         report(a.files)
 

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Qwen2.5-VL-3B's shape (random weights) at EasyR1's per-GPU setting on Geometry3K: one row of benchmarks/README.md,
+# printed as JSON with the ratio against the baseline row measured by the same invocation.
+#
+#   benchmarks/vl3b.sh embedded MODEL_DIR G3K_DIR        # vLLM engine, baseline: the transformers engine (1 GPU)
+#   benchmarks/vl3b.sh verl MODEL_DIR G3K_DIR GPUS        # verl on GPUS cards, baseline: verl on 1 (GPUS=1: no ratio)
+#
+# MODEL_DIR: `python scripts/gpu/bench_backends.py models DIR --shapes vl3b` made DIR/vl3b. Optional environment:
+# BENCH_DIR (result files, default ./bench-vl3b), STEPS (default 3: step 1 is warm-up), TIMEOUT (seconds per run, default
+# 7200), CARDS (CUDA_VISIBLE_DEVICES of the run, default the first GPUS cards).
+set -euo pipefail
+[ $# -ge 3 ] || { sed -n '2,10p' "$0"; exit 2; }
+row=$1 model=$(realpath "$2") g3k=$(realpath "$3") gpus=${4:-1}
+bench=$(realpath "$(dirname "$0")/../scripts/gpu/bench_backends.py")
+results=$(realpath -m "${BENCH_DIR:-bench-vl3b}")
+mkdir -p "$results"
+cd "$results"  # outside the checkout: Ray's workers import the installed package
+train() {  # train NAME ARGS...: one run, its result in $results/NAME.json, its log beside it
+  local name=$1; shift
+  python "$bench" train --shape vl3b --model "$model" --source "$g3k" --steps "${STEPS:-3}" --run-dir "$results/runs" \
+    --timeout "${TIMEOUT:-7200}" ${CARDS:+--cuda "$CARDS"} --out "$results/$name.json" "$@" > "$results/$name.log" 2>&1 \
+    || { echo "$name: see $results/$name.log" >&2; return 1; }
+}
+case $row in
+  embedded)
+    train embedded-transformers --backend embedded --set rollout_engine=transformers
+    train embedded-vllm --backend embedded --set rollout_engine=vllm
+    python "$bench" summary "$results/embedded-vllm.json" --baseline "$results/embedded-transformers.json" ;;
+  verl)
+    train verl1 --backend verl --gpus 1 ${CARDS:+--cuda "${CARDS%%,*}"}
+    if [ "$gpus" -eq 1 ]; then
+      python "$bench" summary "$results/verl1.json"
+    else
+      train "verl$gpus" --backend verl --gpus "$gpus"
+      python "$bench" summary "$results/verl$gpus.json" --baseline "$results/verl1.json"
+    fi ;;
+  *) echo "row: embedded or verl, not $row" >&2; exit 2 ;;
+esac
