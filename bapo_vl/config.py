@@ -117,7 +117,8 @@ class EmbeddedOptions:
     transformers | vllm (the [vllm] extra)"""
     vllm_options: dict = field(default_factory=dict)
     """keyword arguments of vLLM's LLM(...) for the vllm engine, over its defaults {gpu_memory_utilization: 0.3,
-    max_num_seqs: 1024}: e.g. {gpu_memory_utilization: 0.5, enforce_eager: true}"""
+    max_num_seqs: 1024, enable_sleep_mode: true}: e.g. {gpu_memory_utilization: 0.5, enforce_eager: true}.
+    enable_sleep_mode: false keeps the engine's memory through the update, for runs that share a card"""
     generate_batch_size: int = within(256, Range(ge=1))
     """sequences per generate call (the transformers engine)"""
     score_batch_size: int = within(32, Range(ge=1))

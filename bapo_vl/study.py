@@ -62,6 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bapo_vl.backends.engines import choose_engine, sleeps
 from bapo_vl.config import Config, load_config, resume_config
 from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, setup
 from bapo_vl.reader import migration as bin_migration
@@ -480,6 +481,7 @@ def run_study(opts: StudyOptions, say=print) -> dict:
     as {"start", "start_final", "start_hard": row, "runs": [rows]}, each row with its hard set unlocked, its bins
     and its migration from the start evaluation of the same k."""
     cfg = base_config(opts)
+    refuse_sleeping_engines_sharing_a_card(opts, cfg)
     settings = study_settings(opts, cfg)
     ledger = Ledger(Path(opts.runs) / "study.jsonl", settings)
     start_evals = ((START, opts.k, opts.checkpoint_seed), (START_FINAL, opts.final_k, opts.final_seed),
@@ -580,6 +582,22 @@ def run_parallel(opts: StudyOptions, pairs: list[tuple[str, int]], say=print) ->
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(pairs)} study runs failed: {'; '.join(failed)}. The evaluations "
                            f"they finished are in the ledger: the same command again continues")
+
+
+def refuse_sleeping_engines_sharing_a_card(opts: StudyOptions, cfg: Config) -> None:
+    """--jobs above the cards puts several vLLM engines on a card; vLLM checks each sleep by the card's free memory,
+    which another run changes meanwhile ("Memory usage increased after sleeping"), so those runs need
+    enable_sleep_mode false. Refused before anything is evaluated."""
+    cards = max(1, len(child_gpus(cfg.run.device)))
+    device = torch.device("cuda" if cfg.run.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if cfg.run.device == "auto" else cfg.run.device)
+    engine = choose_engine(cfg.embedded.rollout_engine, device) if cfg.run.backend == "embedded" else None
+    if opts.jobs > cards and engine == "vllm" and sleeps(cfg.embedded.vllm_options):
+        n = -(-opts.jobs // cards)
+        raise ValueError(f"--jobs {opts.jobs} on {cards} card(s) puts {n} vLLM engines on a card, and vLLM's sleep "
+                         f"through each update fails when another run on the card allocates meanwhile: pass --jobs "
+                         f"{cards}, or vllm_options={{enable_sleep_mode: false, gpu_memory_utilization: U}} with "
+                         f"{n} x U below what the trainers leave free")
 
 
 def child_argv(opts: StudyOptions, entry: str, seed: int) -> list[str]:

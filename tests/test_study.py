@@ -14,7 +14,8 @@ import torch
 from bapo_vl.cli import main as bapo
 from bapo_vl.config import Config, load_config
 from bapo_vl.study import (KNOBS, StudyOptions, analyse, bin_changes, brief, checkpoint_budgets, child_argv, coarse,
-                            extended_budgets, hard_set, main, migration, parse_args, plot, report, unlocked)
+                            extended_budgets, hard_set, main, migration, parse_args, plot,
+                            refuse_sleeping_engines_sharing_a_card, report, unlocked)
 
 SMALL = ["batch_size=4", "group_size=4", "task_options={template: compact, limit: 64}"]  # 64 training prompts
 
@@ -226,6 +227,24 @@ def test_jobs_names_every_failed_run_and_its_log_and_continues_from_the_ledger(t
     assert len(ledger_rows(runs / "study.jsonl")) == 3 + 2 * 2  # start, start_final, start_hard; 2 x 2 runs
     assert "FileExistsError" in log.read_text() and "rollouts at step" in log.read_text()  # both attempts
     assert (out / "results.md").exists()
+
+
+def test_jobs_sharing_a_card_between_sleeping_vllm_engines_are_refused_before_any_work(tmp_path):
+    # Could fail if the study started runs whose vLLM engines share a card with sleep mode on (on a GPU two of six
+    # such runs died mid-training on vLLM's "Memory usage increased after sleeping"), if the refusal came after the
+    # start evaluations (a ledger written), or if it refused what is safe: one job, or engines without sleep mode.
+    runs = tmp_path / "runs"
+    argv = ["--algos", "grpo", "--seeds", "0,1", "--budget", "40", "--checkpoints", "2", "--k", "4", "--limit", "8",
+            "--runs", str(runs), "--out", str(tmp_path / "out"), "--jobs", "2", "rollout_engine=vllm", *SMALL]
+    with pytest.raises(ValueError) as refused:
+        main(argv)
+    message = str(refused.value)
+    assert "--jobs 2 on 1 card(s) puts 2 vLLM engines on a card" in message and "\n" not in message
+    assert "pass --jobs 1" in message and "enable_sleep_mode: false" in message
+    assert not runs.exists()
+    for safe in (["--jobs", "1"], ["vllm_options={enable_sleep_mode: false}"], ["rollout_engine=transformers"]):
+        opts = parse_args([*argv, *safe])
+        refuse_sleeping_engines_sharing_a_card(opts, load_config(None, None, opts.overrides))  # no error
 
 
 def test_a_ledger_from_before_a_new_config_field_still_opens(tmp_path):

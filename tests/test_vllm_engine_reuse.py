@@ -165,3 +165,20 @@ def test_another_checkpoint_folder_with_the_same_config_is_compatible(vllm, tmp_
     (llm,) = vllm.built
     assert llm.kwargs["model"] == str(tmp_path / "model")  # vLLM's model (and a VL engine's processor) stay the first
     assert torch.equal(llm.model.weights["weight"], checkpoint.rollout.weight)
+
+
+def test_an_engine_without_sleep_mode_keeps_its_memory_through_the_update(vllm, tmp_path):
+    # Could fail if enable_sleep_mode stayed fixed by the config (runs sharing a card then fail vLLM's check of a sleep
+    # by the card's free memory), if the engine still called sleep or wake_up without it, or if the default changed.
+    engine = VllmEngine(backend_like(tmp_path, vllm_options="{enable_sleep_mode: false, gpu_memory_utilization: 0.1}"))
+    (llm,) = vllm.built
+    assert llm.kwargs["enable_sleep_mode"] is False and llm.kwargs["gpu_memory_utilization"] == 0.1
+    engine.sleep()
+    engine.wake()
+    assert not engines.process_engine.asleep
+    assert engine.sample(prompts(), 1, "rollout", greedy=True) == [[7, 2]]
+    assert llm.calls == ["collective_rpc", "reset_prefix_cache", "generate"]
+    engines.process_engine = None
+    vllm.built.clear()
+    VllmEngine(backend_like(tmp_path, "default"))
+    assert vllm.built[0].kwargs["enable_sleep_mode"] is True and vllm.built[0].kwargs["max_num_seqs"] == 1024

@@ -104,8 +104,13 @@ class TransformersEngine:
         pass
 
 
-FIXED_BY_CONFIG = {"model", "dtype", "seed", "enable_sleep_mode", "max_model_len", "skip_tokenizer_init",
-                   "mm_processor_kwargs"}
+FIXED_BY_CONFIG = {"model", "dtype", "seed", "max_model_len", "skip_tokenizer_init", "mm_processor_kwargs"}
+DEFAULT_OPTIONS = {"gpu_memory_utilization": 0.3, "max_num_seqs": 1024, "enable_sleep_mode": True}
+
+
+def sleeps(vllm_options: dict) -> bool:
+    """Whether the engine sleeps through each update (vllm_options' enable_sleep_mode, on unless set false)."""
+    return bool({**DEFAULT_OPTIONS, **vllm_options}["enable_sleep_mode"])
 
 
 @dataclass
@@ -138,6 +143,8 @@ class VllmEngine:
     - X2 (policy="current"): pi_theta's weights are pushed, the responses sampled, then alpha's weights (the backend's
       own alpha copy, which also scores the behaviour log-probs) are pushed back.
     - update: the engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the trainer gets the memory.
+      With vllm_options {enable_sleep_mode: false} it keeps its memory instead: vLLM checks a sleep by the card's
+      free memory, which another process on the card changes meanwhile (several runs sharing a card).
     - VL: vLLM gets the chat text and the PIL
       images `encode` kept (`raw`) and processes them itself with the trainer's min/max pixels, so it sees the image
       grid the trainer scores with; it then needs the tokenizer (text models skip it).
@@ -161,7 +168,7 @@ class VllmEngine:
         from vllm import LLM, SamplingParams
 
         self.backend, sampling = backend, backend.sampling
-        fixed = dict(model=backend.path, dtype="bfloat16", seed=backend.seed, enable_sleep_mode=True,
+        fixed = dict(model=backend.path, dtype="bfloat16", seed=backend.seed,
                      max_model_len=sampling.max_prompt_length + sampling.max_response_length,
                      skip_tokenizer_init=not backend.is_vl,  # token ids in and out for text: ours may not load there
                      mm_processor_kwargs={"min_pixels": sampling.min_pixels, "max_pixels": sampling.max_pixels}
@@ -174,7 +181,7 @@ class VllmEngine:
                     **{k: v for k, v in fixed.items() if k not in ("model", "seed")}}
         if process_engine is None:
             # decode is bandwidth-bound: wide batches; the trainer needs the rest of the card
-            llm = LLM(**fixed, **{"gpu_memory_utilization": 0.3, "max_num_seqs": 1024, **backend.options.vllm_options})
+            llm = LLM(**fixed, **{**DEFAULT_OPTIONS, **backend.options.vllm_options})
             process_engine = ProcessEngine(llm, settings)
         elif differ := sorted(k for k in settings if settings[k] != process_engine.settings[k]):
             raise ValueError(f"rollout_engine=vllm: this process already holds a vLLM engine built with other "
@@ -233,11 +240,15 @@ class VllmEngine:
         llm.reset_prefix_cache()  # prompt KV cached under the previous weights must not serve the next generate
 
     def sleep(self):
+        if not sleeps(self.backend.options.vllm_options):
+            return
         self.llm.sleep(level=1)
         self.process_engine.asleep = True
 
     def wake(self):
         llm = self.llm
+        if not self.process_engine.asleep:
+            return
         # hand the update's freed blocks back from torch's cache before vLLM maps its memory again: the 2 B VL
         # shape's wake ran out of memory on an 80 GB card while torch still held them (rerun on a 141 GB card only)
         torch.cuda.empty_cache()
