@@ -65,6 +65,7 @@ import torch
 from bapo_vl.backends.engines import choose_engine, sleeps
 from bapo_vl.config import Config, load_config, resume_config
 from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, setup
+from bapo_vl.provenance import commit
 from bapo_vl.reader import migration as bin_migration
 from bapo_vl.record import RunRecord, query_ro
 from bapo_vl.stats import (hierarchical_bootstrap_diff, hierarchical_bootstrap_mean, holm,
@@ -1174,14 +1175,9 @@ def device(setting: str = "auto") -> str:
 def machine(result: dict) -> dict:
     """Where the numbers were made (each ledger row records its device) and where this report was written."""
     rows = [result["start"], result["start_final"], result["start_hard"], *result["runs"]]
-    try:
-        commit = subprocess.run(["git", "describe", "--always", "--dirty"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent, timeout=10).stdout.strip() or "unknown"
-    except OSError:
-        commit = "unknown"
     return {"date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "device": ", ".join(sorted({r["device"] for r in rows})),
-            "torch": torch.__version__, "python": platform.python_version(), "commit": commit}
+            "torch": torch.__version__, "python": platform.python_version(), "commit": commit() or "unknown"}
 
 
 # ----------------------------------------------------------------------------- command line

@@ -337,14 +337,10 @@ def steps_summary(db: Path) -> dict:
 
 
 def provenance() -> dict:
-    """When, and from which commit of this checkout ("-dirty" with uncommitted changes; None outside git)."""
-    git = lambda *a: subprocess.run(["git", "-C", str(REPO), *a], capture_output=True, text=True)  # noqa: E731
-    head = git("rev-parse", "--short", "HEAD")
-    commit = None
-    if head.returncode == 0:
-        commit = head.stdout.strip() + ("-dirty" if git("status", "--porcelain", "--untracked-files=no").stdout.strip()
-                                        else "")
-    return dict(date=time.strftime("%Y-%m-%d", time.gmtime()), commit=commit)
+    """When, and from which commit of this checkout (None outside git)."""
+    from bapo_vl.provenance import commit
+
+    return dict(date=time.strftime("%Y-%m-%d", time.gmtime()), commit=commit())
 
 
 def label(r: dict) -> str:
