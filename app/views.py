@@ -161,12 +161,18 @@ def rollouts_frame(steps: pd.DataFrame) -> pd.DataFrame:
     return long(cum, "step", ROLLOUT_KINDS, "rollouts", "kind")
 
 
-def eta(steps: pd.DataFrame, total_steps, status: str, recent: int = 10) -> str | None:
-    """'ETA …' from the median time between the last `recent` step commits and the steps left; None when the run
-    is not running or nothing is left to estimate."""
+def eta(steps: pd.DataFrame, total_steps, status: str, recent: int = 10, budget: int = 0) -> str | None:
+    """'ETA …' from the median time between the last `recent` step commits and the steps left: to the step cap, or
+    sooner to the rollout budget (max_rollouts) at the median rollouts of those steps. None when the run is not
+    running or nothing is left to estimate."""
     if status != "running" or not total_steps or len(steps) < 2:
         return None
     left = int(total_steps) - int(steps["step"].iloc[-1])
+    if budget and "rollouts" in steps:
+        per_step_rollouts = float(steps["rollouts"].iloc[-recent:].median())
+        if per_step_rollouts > 0:
+            to_budget = budget - float(steps["rollouts"].fillna(0).sum())
+            left = min(left, max(1, math.ceil(to_budget / per_step_rollouts)))
     gaps = steps["time"].diff().iloc[-recent:].dropna()
     gaps = gaps[gaps > 0]
     if left <= 0 or gaps.empty:
@@ -183,16 +189,18 @@ def overview_text(run_label: str, meta: dict, config: dict, steps: pd.DataFrame,
         return f"**{label}** · status **{meta.get('status', '?')}** · no step recorded yet"
     last = steps.iloc[-1]
     total_rollouts = step_summary(steps)["rollouts"]
+    budget = int(config.get("max_rollouts") or 0)  # a rollout budget ends the run before its step cap
     seconds = float(steps[list(PHASES)].fillna(0).to_numpy().sum())
     parts = [f"**{label}**", f"status **{meta.get('status', '?')}**",
              f"algo {config.get('algo', '?')}", f"task {config.get('task', '?')}",
              f"B = {config.get('batch_size', fmt(last.get('batch_size')))}", f"G = {config.get('group_size', '?')}"]
     lines = [" · ".join(parts),
              (f"last step: <b id='last-step'>{int(last['step'])}</b> of {config.get('steps', '?')} · "
-              f"rollouts: <b id='total-rollouts'>{total_rollouts}</b> · "
+              f"rollouts: <b id='total-rollouts'>{total_rollouts}</b>"
+              + (f" of a {budget:,} budget" if budget else "") + " · "
               f"fresh reward at last step: {fmt(last['fresh_reward'], '{:.3f}')} · "
               f"wall time recorded: {seconds / 60:.1f} min")]
-    if (e := eta(steps, config.get("steps"), meta.get("status", "?"))) is not None:
+    if (e := eta(steps, config.get("steps"), meta.get("status", "?"), budget=budget)) is not None:
         lines.append(e)
     if not evals.empty:
         e = evals[evals["metric"] == "mean@k"]

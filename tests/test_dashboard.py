@@ -219,6 +219,22 @@ def test_retries_and_the_regenerated_pair_match_sql(runs, tmp_path):
         assert run.regenerated_pair() == sql_regenerated_pair(run_dir)
 
 
+def test_eta_and_overview_count_to_the_rollout_budget_before_the_step_cap():
+    # Could fail if a run with a rollout budget (every study run: steps = budget) showed the step cap's ETA (30,000
+    # steps left when 5 are), if the budget were ignored in the overview, or if a run without one changed.
+    steps = pd.DataFrame({"step": [1, 2, 3, 4, 5], "time": [100.0, 102.0, 104.0, 106.0, 108.0],
+                          "rollouts": [100] * 5, "fresh_reward": [0.5] * 5, "x2": [0] * 5, "x3": [0] * 5,
+                          **{t: [0.5] * 5 for t in views.PHASES}})
+    with_budget = views.eta(steps, 30_720, "running", budget=1_000)
+    assert "5 steps left at 2.0 s/step" in with_budget and ">10 s<" in with_budget
+    assert "30715 steps left" in views.eta(steps, 30_720, "running")
+    assert "5 steps left" in views.eta(steps, 10, "running", budget=10**6)  # the step cap binds first
+    text = views.overview_text("r", {"status": "running"}, {"steps": 30_720, "max_rollouts": 1_000}, steps,
+                               pd.DataFrame())
+    assert "of a 1,000 budget" in text and "5 steps left" in text
+    assert "budget" not in views.overview_text("r", {"status": "running"}, {"steps": 10}, steps, pd.DataFrame())
+
+
 def test_ema_is_debiased_and_keeps_gaps():
     x = pd.Series([1.0, 3.0, float("nan"), 5.0])
     w = 0.5
