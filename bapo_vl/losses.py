@@ -85,8 +85,9 @@ def value_loss(values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor
 # ---------------------------------------------------------------------------------------------------------------
 # Policy-loss registry
 # ---------------------------------------------------------------------------------------------------------------
-PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, dict[str, float]]]
-"""(logp (B,T), old_logp (B,T), adv (B,T), mask (B,T), cfg) -> (per-token loss (B,T), metrics of python floats)"""
+PolicyLossFn = Callable[[Tensor, Tensor, Tensor, Tensor, LossConfig], tuple[Tensor, dict[str, float | Tensor]]]
+"""(logp (B,T), old_logp (B,T), adv (B,T), mask (B,T), cfg) -> (per-token loss (B,T), metrics: python floats or
+detached 0-d tensors, which `total_loss` moves to the host together, in one sync)"""
 
 register_policy_loss = POLICY_LOSSES.register
 """Decorator registering a policy loss under a name."""
@@ -111,6 +112,16 @@ def _floats(**scalars: Tensor) -> dict[str, float]:
     """Tensors -> python floats with one device sync."""
     values = torch.stack([s.detach().float() for s in scalars.values()]).tolist()
     return dict(zip(scalars, values))
+
+
+def to_host(metrics: dict) -> dict:
+    """The 0-d tensors among `metrics`' values as python floats, all in one device sync; other values as they are."""
+    tensors = {k: v for k, v in metrics.items() if isinstance(v, Tensor)}
+    return {**metrics, **(_floats(**tensors) if tensors else {})}
+
+
+def _detached(**scalars: Tensor) -> dict[str, Tensor]:
+    return {k: v.detach() for k, v in scalars.items()}
 
 
 def _clipped_surrogate(
@@ -150,7 +161,7 @@ def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg
         logratio.exp(), adv, mask, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high, cfg.dual_clip
     )
     metrics["ppo_kl"] = _masked_mean(-logratio.detach(), mask.to(logratio.dtype))
-    return loss, _floats(**metrics)
+    return loss, _detached(**metrics)
 
 
 @register_policy_loss("gspo")
@@ -167,7 +178,7 @@ def gspo_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: Lo
     log_s = (logp - logp.detach() + seq_logratio.detach().unsqueeze(-1)).clamp(max=LOG_RATIO_CLAMP)  # (B, T)
     loss, metrics = _clipped_surrogate(log_s.exp(), adv, mask, 1.0 - cfg.clip_low, 1.0 + cfg.clip_high, None)
     metrics["ppo_kl"] = _masked_mean(-logratio.detach(), m)
-    return loss, _floats(**metrics)
+    return loss, _detached(**metrics)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -334,6 +345,7 @@ def total_loss(
     is_weights: Tensor | None = None,
     n_tokens: int | float | None = None,
     n_seqs: int | None = None,
+    host_metrics: bool = True,
 ) -> tuple[Tensor, dict[str, float]]:
     """loss = agg(pg·w) + β·agg(k3) − entropy_coef·agg(H), each aggregated with cfg.agg. All inputs (B, T).
 
@@ -342,6 +354,8 @@ def total_loss(
     entropy, loss — the aggregated terms as they enter this call's loss (0.0 for a term not given), so with the
     mini-batch's n_tokens/n_seqs they add up over micro-batches — and the policy loss's own metrics (clip_frac,
     ratio_mean, ...), which are means over this call's valid tokens; n_valid_tokens weights those.
+    host_metrics=False leaves the tensor metrics as detached 0-d tensors on the loss's device, so the call does not
+    wait for the device: for a caller that gathers them over micro-batches and moves them once (`to_host`).
     """
     pg_token, metrics = get_policy_loss(cfg.name)(logp, old_logp, adv, mask, cfg)  # (B, T)
     if is_weights is not None:
@@ -361,5 +375,5 @@ def total_loss(
     if entropy is not None:
         ent = agg(entropy) if cfg.entropy_coef != 0 else agg(entropy.detach())
         loss = loss - cfg.entropy_coef * ent
-    metrics.update(_floats(pg_loss=pg_loss, kl=kl, entropy=ent, loss=loss, n_valid_tokens=(mask > 0).sum()))
-    return loss, metrics
+    metrics.update(_detached(pg_loss=pg_loss, kl=kl, entropy=ent, loss=loss, n_valid_tokens=(mask > 0).sum()))
+    return loss, to_host(metrics) if host_metrics else metrics

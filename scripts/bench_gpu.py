@@ -20,7 +20,9 @@ engine) of prompts x 8 random responses at each `score_batch_size`, against the 
 `update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens, after one warm-up: tokens/s,
 MFU (6 N T + causal attention FLOPs over the card's dense bf16 peak), peak allocated / reserved memory; with
 `--profile`, torch.profiler's top operators of one more update (what bounds the MFU); with `--compile`, the policy's
-decoder runs under torch.compile (an A/B of fused element-wise kernels).
+decoder runs under torch.compile (an A/B of fused element-wise kernels); with `--sync-debug`, one more update under
+torch.cuda.set_sync_debug_mode("warn"): how many calls made the host wait for the GPU, and from which lines (CUDA
+only: on CPU it says so and records nothing).
 Each call is one process (engines never share a process); `report` prints ratios only between rows of one card.
 """
 from __future__ import annotations
@@ -231,12 +233,43 @@ def update_bench(a) -> dict:
     flops = 6 * n_params * tokens + 6 * c.num_hidden_layers * c.hidden_size * T * T * 16  # causal attention: half of 12
     peak = peak_flops(card())
     memory = _memory()  # of the timed updates, before the profiled one
+    syncs = sync_calls(lambda: backend.update(batch)) if a.sync_debug else {}
     return dict(kind="update", card=card(), model=str(a.model), compiled=a.compile,
                 mixed_precision=cfg.embedded.mixed_precision, sequences=16, tokens=tokens, seconds=seconds,
                 tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
                 mfu=flops / seconds / peak if peak else None,
                 mfu_easyr1=actor_mfu(c, [T] * 16, seconds, gpus=1, peak=peak), **memory,
-                profile=profile(lambda: backend.update(batch)) if a.profile else None)
+                profile=profile(lambda: backend.update(batch)) if a.profile else None, **syncs)
+
+
+def sync_calls(fn) -> dict:
+    """The calls of fn that made the host wait for the GPU (torch.cuda.set_sync_debug_mode("warn") warns on each:
+    .item(), .tolist(), .cpu(), a blocking host-to-device copy, nonzero, boolean-mask indexing, ...), counted, with
+    the Python lines they came from; {} without CUDA (the mode instruments CUDA calls only)."""
+    import collections
+    import os
+    import warnings
+
+    import torch
+
+    if not torch.cuda.is_available():
+        print("--sync-debug needs CUDA (torch.cuda.set_sync_debug_mode instruments CUDA calls): nothing recorded",
+              file=sys.stderr)
+        return {}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            fn()
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    _sync()  # the benchmark's own wait, after the mode is off: not counted
+    waits = [w for w in caught if "synchroniz" in str(w.message)]
+    root = Path(__file__).resolve().parents[1]
+    sites = collections.Counter(
+        f"{os.path.relpath(w.filename, root) if w.filename.startswith(str(root)) else w.filename}:{w.lineno}"
+        for w in waits)
+    return dict(sync_calls=len(waits), sync_sites=dict(sites.most_common()))
 
 
 def profile(fn, rows: int = 25) -> str:
@@ -318,6 +351,9 @@ def report(files: list[Path]):
                             r.get("mixed_precision", "autocast") if r.get("mixed_precision") != "autocast" else "") if m]
         if r.get("profile"):
             print(f"\nupdate profile ({card_model(r)}):\n{r['profile']}")
+        if r.get("sync_calls") is not None:
+            where = ", ".join(f"{site} x{n}" for site, n in list(r["sync_sites"].items())[:8])
+            print(f"\nupdate ({card_model(r)}): {r['sync_calls']} calls waited for the GPU in one update ({where})")
         print(f"\nupdate ({', '.join([card_model(r), *mode])}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, MFU {mfu}{ratio}" + (
                   f"; peak allocated {r['peak_allocated_GB']:.1f} GB, reserved {r['peak_reserved_GB']:.1f} GB "
@@ -344,6 +380,8 @@ def main():
     u.add_argument("--profile", action="store_true", help="one more update under torch.profiler: its top operators")
     u.add_argument("--compile", action="store_true", help="torch.compile the policy's decoder first (an A/B: does "
                    "fusing its element-wise work raise the MFU?)")
+    u.add_argument("--sync-debug", action="store_true", help="one more update under torch.cuda.set_sync_debug_mode"
+                   "('warn'): how many calls made the host wait for the GPU, and where (CUDA only)")
     for p in (e, s, u):
         p.add_argument("--model", type=Path, required=True)
         p.add_argument("--out", type=Path, required=True)

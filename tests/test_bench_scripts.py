@@ -40,10 +40,16 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
         chunks = (r["sequences"] + 7) // 8
         assert 0 < r["tokens"] <= 8 * r["sequences"] and r["longest"] <= 8
         assert r["longest"] <= r["decode_steps"] <= r["longest"] * chunks and r["decode_steps"] >= chunks
-    run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--out", update,
-        "--set", "device=cpu", cwd=tmp_path)
+    # --sync-debug counts the calls that wait for the GPU in one more update: CUDA only, so here it says so and
+    # records nothing
+    out = subprocess.run([sys.executable, ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat",
+                          "1", "--out", update, "--sync-debug", "--set", "device=cpu"],
+                         capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "--sync-debug needs CUDA" in out.stderr
     u = json.loads(update.read_text())
     assert u["tokens"] == 16 * 1024 and u["seconds"] > 0 and u["mfu"] is None  # no peak FLOP/s for a CPU
+    assert "sync_calls" not in u
     compiled = tmp_path / "compiled.json"  # the A/B arm: the decoder under torch.compile (CPU: inductor's C++)
     run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--out", compiled,
         "--set", "device=cpu", "--compile", cwd=tmp_path)
@@ -67,6 +73,12 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
     assert "update (cpu): 16 x 1,024 tokens" in table and "update (cpu, torch.compile): 16 x 1,024 tokens" in table
     assert "update (cpu, compute_copy): 16 x 1,024 tokens" in table
     assert table.count("x the first update of this card") == 2  # both arms against the first
+    assert "waited for the GPU" not in table  # no count without --sync-debug on CUDA
+    counted = tmp_path / "counted.json"  # what a CUDA run with --sync-debug adds, as the report shows it
+    counted.write_text(json.dumps(dict(u, sync_calls=3, sync_sites={"bapo_vl/backends/embedded.py:80": 2,
+                                                                    "bapo_vl/losses.py:113": 1})))
+    assert ("3 calls waited for the GPU in one update (bapo_vl/backends/embedded.py:80 x2, bapo_vl/losses.py:113 x1)"
+            in run(ROOT / "scripts" / "bench_gpu.py", "report", counted))
     lines = table.splitlines()
     # every row against transformers' SDPA at the default chunk size, same prompts: the chunk size and the
     # attention change how, not what
@@ -165,6 +177,19 @@ def test_vl3b_model_is_qwen2_5_vl_3b(tmp_path):
     padded = model_flops(dict(hidden_size=2048, num_hidden_layers=36, vocab_size=151936, num_attention_heads=16,
                               num_key_value_heads=2, intermediate_size=11008), [1])
     assert 6 * 2 * 151936 * 2048 / padded > 0.15  # why the vocabulary is padded: the head is a sixth of the count
+
+
+def test_text151k_is_the_text_shape_with_qwens_vocabulary():
+    # Could fail if the padded vocabulary did not reach the text model (the update bench would then measure the LM
+    # head of the byte tokenizer's 263 words, not a real model's 151,936) or the body drifted from the text shape's.
+    models = bench_backends().MODELS
+    assert models["text151k"] == dict(models["text"], vocab_size=151936)
+    model, tok = bench_backends().build("text151k", hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128,
+                                        vocab_size=4096)
+    assert model.config.vocab_size == 4096 > len(tok) and model.config.tie_word_embeddings
+    assert model.get_output_embeddings().weight.shape == (4096, 64)
+    assert bench_backends().build("text", hidden=64, layers=2, heads=4, kv_heads=2,
+                                  intermediate=128)[0].config.vocab_size == len(tok)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,7 @@ from bapo_vl.losses import (
     kl_k3,
     policy_loss_names,
     register_policy_loss,
+    to_host,
     total_loss,
     truncated_is_weights,
 )
@@ -474,6 +475,30 @@ def test_custom_policy_loss_plugs_in():
         from bapo_vl import losses
 
         losses.POLICY_LOSSES.pop("test_reinforce")
+
+
+@pytest.mark.parametrize("name", ["ppo_clip", "gspo", "balanced_clip"])
+def test_total_loss_metrics_can_stay_on_the_device_until_one_transfer(name):
+    # Could fail if host_metrics=False still moved a metric to the host (each move waits for the device), if the
+    # tensors it returns differed from the floats of the default call, or if a custom loss's float metrics were lost.
+    g = torch.Generator().manual_seed(5)
+    old = torch.randn(3, 4, generator=g) - 2
+    logp = (old + 0.3 * torch.randn(3, 4, generator=g)).requires_grad_()
+    adv, mask = torch.randn(3, 1, generator=g).expand(3, 4), T([[1, 1, 1, 1], [1, 1, 0, 0], [1, 0, 0, 0]])
+    cfg = LossConfig(name=name, kl_coef=0.1, entropy_coef=0.01)
+    ent = torch.rand(3, 4, generator=g)
+    loss, floats = total_loss(logp, old, adv, mask, cfg, ref_logp=old + 0.1, entropy=ent, n_tokens=9, n_seqs=3)
+    kept_loss, kept = total_loss(logp, old, adv, mask, cfg, ref_logp=old + 0.1, entropy=ent, n_tokens=9, n_seqs=3,
+                                 host_metrics=False)
+    assert all(type(v) is float for v in floats.values())
+    on_device = {k for k, v in kept.items() if isinstance(v, torch.Tensor)}
+    assert {"loss", "pg_loss", "kl", "entropy", "n_valid_tokens"} <= on_device
+    # balanced_clip picks its bounds on the host (one transfer of its candidate sums) and reports floats, which
+    # verl's metrics take as they are; the other losses leave theirs on the device too
+    assert ({"clip_frac", "ratio_mean"} <= on_device) == (name != "balanced_clip")
+    assert all(kept[k].dim() == 0 and not kept[k].requires_grad for k in on_device)
+    assert to_host(kept) == floats and torch.equal(kept_loss, loss)
+    assert floats["n_valid_tokens"] == 7 and floats["loss"] == pytest.approx(loss.item())
 
 
 def test_config_checks():

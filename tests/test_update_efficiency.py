@@ -1,8 +1,11 @@
 """The embedded backend's log-probs, entropy, loss and gradients against a plain reference computation (full-sequence
-logits -> log_softmax -> gather), for the bundled text policy and a tiny Qwen2.5-VL, and the LM head applied to
-exactly the response tokens (CPU, float32)."""
+logits -> float64 log_softmax -> gather), for the bundled text policy (float32, and bf16 under both mixed_precision
+settings) and a tiny Qwen2.5-VL, and the LM head applied to exactly the response tokens (CPU)."""
+from collections import Counter
+
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bapo_vl.backends import embedded
 from bapo_vl.train import make_backend
@@ -12,69 +15,71 @@ from bapo_vl.plugins import get_task
 from bapo_vl.tiny import build_qwen2_5_vl
 
 TOL = dict(rtol=1e-4, atol=1e-5)  # fp32: the new path sums in another order (chunks, fewer rows) than the reference
-
-
-class CountingHead(torch.nn.Module):
-    """The real LM head, counting the rows it is applied to."""
-
-    def __init__(self, head):
-        super().__init__()
-        self.head, self.rows = head, 0
-
-    def forward(self, h):
-        self.rows += h.reshape(-1, h.shape[-1]).shape[0]
-        return self.head(h)
+# bf16 compute: the reference's head runs on every position in one product, the backend's on the response rows in
+# chunks, so logits differ by bf16 roundings; the gradients also sum the head's chunks in another order
+BF16_TOL = dict(rtol=2e-2, atol=2e-2)
 
 
 def reference(backend, prompts, responses):
-    """(N, R) log-probs and entropies from the full model's logits at every position, 0 on right padding."""
+    """(N, R) log-probs and entropies from the trained model's logits at every position (computed as the backend
+    computes them: fp32, or bf16 under autocast or on the ComputeCopy), in float64 from there; 0 on right padding."""
     batch = backend._collate(prompts, responses)
     P = batch.pop("P")
     R = max(len(r) for r in responses)
-    logits = backend.policy(**batch).logits[:, P - 1:P - 1 + R].float() / backend.sampling.temperature  # (N, R, V)
-    logp_all = torch.log_softmax(logits, -1)
-    mask = batch["attention_mask"][:, P:].float()
+    with backend._autocast():
+        logits = backend.trained(**batch).logits[:, P - 1:P - 1 + R]  # (N, R, V)
+    logp_all = torch.log_softmax(logits.double() / backend.sampling.temperature, -1)
+    mask = batch["attention_mask"][:, P:].double()
     logp = logp_all.gather(-1, batch["input_ids"][:, P:, None]).squeeze(-1) * mask
     entropy = -(logp_all.exp() * logp_all).sum(-1) * mask
     return logp, entropy, mask
 
 
-def check(backend, prompts, responses):
-    policy = backend.policy
-    R = max(len(r) for r in responses)
+def check(backend, prompts, responses, monkeypatch, tol=TOL, chunk=None):
+    policy, trained = backend.policy, backend.trained
     ref_logp, ref_ent, mask = reference(backend, prompts, responses)
-    # no grad (score): log-probs, and the LM head applied to the response tokens only
-    counting = CountingHead(policy.lm_head)
-    policy.lm_head = counting
-    try:
-        scored = backend.score(policy, prompts, responses)
-    finally:
-        policy.lm_head = counting.head
-    assert counting.rows == sum(len(r) for r in responses)
-    torch.testing.assert_close(scored, ref_logp.detach(), **TOL)
+    # no grad (score): log-probs, and the LM head applied to the response tokens only, `chunk` rows at a time
+    head_rows, chunks, token_logprobs = [], set(), embedded.token_logprobs
 
-    # with grad (_backward): loss and gradients
+    def spy(hidden, head, targets, temperature, rows, *a):
+        head_rows.append(hidden.shape[0])
+        chunks.add(rows)
+        return token_logprobs(hidden, head, targets, temperature, rows, *a)
+
+    monkeypatch.setattr(embedded, "token_logprobs", spy)
+    scored = backend.score(trained, prompts, responses)
+    assert sum(head_rows) == sum(len(r) for r in responses) and chunks == {chunk}
+    torch.testing.assert_close(scored, ref_logp.float().detach(), **tol)
+
+    # with grad (_backward): loss and gradients of the fp32 policy (accumulated from the copy's under compute_copy)
     g = torch.Generator().manual_seed(0)
-    terms = dict(mask=mask, adv=torch.randn(mask.shape, generator=g) * mask,
+    terms = dict(mask=mask, adv=torch.randn(mask.shape, generator=g, dtype=torch.float64) * mask,
                  old=ref_logp.detach() + 0.05 * torch.randn(mask.shape, generator=g), ref=ref_logp.detach() - 0.1,
                  is_w=None)
     n_tokens = int(mask.sum())
     loss, _ = total_loss(ref_logp, terms["old"], terms["adv"], mask, backend.loss, ref_logp=terms["ref"],
-                         entropy=ref_ent, n_tokens=n_tokens, n_seqs=len(prompts))
-    policy.zero_grad()
+                         entropy=ref_ent if backend.loss.entropy_coef != 0 else ref_ent.detach(), n_tokens=n_tokens,
+                         n_seqs=len(prompts))
+    trained.zero_grad(set_to_none=True)
     loss.backward()
-    want = {k: p.grad.clone() for k, p in policy.named_parameters() if p.grad is not None}
-    policy.zero_grad()
+    want = {k: p.grad.float() for k, p in trained.named_parameters() if p.grad is not None}
+    trained.zero_grad(set_to_none=True)
+    policy.zero_grad(set_to_none=True)
     idx = list(range(len(prompts)))
-    metrics = backend._backward(idx, prompts, responses, terms, n_tokens, len(idx))
+    metrics = backend._backward(idx, prompts, responses, {k: v if v is None else v.float() for k, v in terms.items()},
+                                n_tokens, len(idx))
     got = {k: p.grad for k, p in policy.named_parameters() if p.grad is not None}
-    assert metrics["loss"] == pytest.approx(loss.item(), rel=1e-4, abs=1e-6)
-    assert set(got) == set(want)
+    assert all(isinstance(v, torch.Tensor) for v in metrics.values())  # nothing was moved to the host
+    assert float(metrics["loss"]) == pytest.approx(loss.item(), rel=tol["rtol"], abs=tol["atol"])
+    assert set(got) == set(want) and all(g.dtype == torch.float32 for g in got.values())
     for k in want:
-        torch.testing.assert_close(got[k], want[k], **TOL, msg=k)
+        torch.testing.assert_close(got[k], want[k], rtol=tol["rtol"], atol=tol["atol"] * float(want[k].abs().max()),
+                                   msg=k)
     batch = backend._collate(prompts, responses)
-    logp, entropy = backend._token_logprobs(policy, batch, R, with_entropy=True)
-    torch.testing.assert_close(entropy.detach(), ref_ent.detach(), **TOL)
+    logp, entropy = backend._token_logprobs(trained, batch, [len(r) for r in responses], with_entropy=True)
+    assert entropy.requires_grad == (backend.loss.entropy_coef != 0)  # measured only: no graph
+    torch.testing.assert_close(logp.detach(), ref_logp.float().detach(), **tol)
+    torch.testing.assert_close(entropy.detach(), ref_ent.float().detach(), **tol)
 
 
 def make(model, tmp_path, **kw):
@@ -85,27 +90,35 @@ def make(model, tmp_path, **kw):
     return make_backend(load_config(overrides=[f"{k}={v}" for k, v in values.items()]))
 
 
-def test_text_logprobs_entropy_loss_and_grads_match_full_logits(tmp_path, monkeypatch):
-    # Could fail if the head saw the prompt/padding rows, if a chunk boundary or the checkpointed recompute changed a
-    # log-prob, an entropy or a gradient, or if right padding leaked into the loss.
-    monkeypatch.setattr(embedded, "LOGIT_ROWS", 5)  # several chunks, one of them partial
-    backend = make("countdown-tiny", tmp_path, score_batch_size=2)  # score() in length-sorted batches
+@pytest.mark.parametrize("settings", [
+    dict(dtype="float32"),
+    dict(dtype="float32", temperature=1.0, entropy_coef=0.0),  # no division; the entropy only measured
+    dict(dtype="bfloat16", mixed_precision="autocast"),
+    dict(dtype="bfloat16", mixed_precision="compute_copy", temperature=1.0),
+], ids=["fp32", "fp32-T1-entropy-measured", "bf16-autocast", "bf16-compute_copy-T1"])
+def test_text_logprobs_entropy_loss_and_grads_match_full_logits(tmp_path, monkeypatch, settings):
+    # Could fail if the head saw the prompt/padding rows, if a chunk boundary, the chunked backward or the entropy's
+    # gradient changed a log-prob, an entropy or a gradient, if right padding leaked into the loss, or if bf16
+    # compute (autocast's casts, the ComputeCopy's gradients) summed the head's gradient wrongly.
+    backend = make("countdown-tiny", tmp_path, score_batch_size=2, **settings)  # score() in length-sorted batches
+    monkeypatch.setattr(embedded, "LOGIT_FLOATS", 5 * backend.policy.config.vocab_size)  # chunks of 5 rows (13 in all)
+    assert (backend.compute is not None) == (settings.get("mixed_precision") == "compute_copy")
     problems = get_task("countdown").load(split="train", template="compact")[:3]
     prompts = [backend.encode(p) for p in problems]
     responses = [[40, 41, 42, 43, 44, 45, 46], [50, 51], [60, 61, 62, 63]]
-    check(backend, prompts, responses)
+    check(backend, prompts, responses, monkeypatch, TOL if settings["dtype"] == "float32" else BF16_TOL, chunk=5)
 
 
 def test_vl_logprobs_entropy_loss_and_grads_match_full_logits(tmp_path, monkeypatch, geometry3k_source):
-    monkeypatch.setattr(embedded, "LOGIT_ROWS", 4)
     model, processor = build_qwen2_5_vl(max_pixels=56 * 56)
+    monkeypatch.setattr(embedded, "LOGIT_FLOATS", 4 * model.config.text_config.vocab_size)  # chunks of 4 rows
     model.save_pretrained(tmp_path / "vl")
     processor.save_pretrained(tmp_path / "vl")
     backend = make(tmp_path / "vl", tmp_path, task="geometry3k", task_options="{}", max_pixels=56 * 56)
     problems = get_task("geometry3k").load(split="train", source=geometry3k_source, limit=2)
     prompts = [backend.encode(p) for p in problems]
     assert all("pixel_values" in p for p in prompts)
-    check(backend, prompts, [[70, 71, 72, 73, 74, 75], [80, 81, 82]])
+    check(backend, prompts, [[70, 71, 72, 73, 74, 75], [80, 81, 82]], monkeypatch, chunk=4)
 
 
 def test_update_micro_batches_by_length_pad_less_and_change_no_gradient(tmp_path, monkeypatch):
@@ -267,3 +280,66 @@ def test_compute_copy_update_gradients_match_fp32_and_the_copy_follows_the_step(
     assert m_got["loss"] == pytest.approx(m_ref["loss"], rel=0.05, abs=1e-3)
     for m, c in zip(backend.policy.parameters(), backend.compute.model.parameters()):
         assert torch.equal(c, m.detach().to(torch.bfloat16))  # refreshed after the step
+
+
+class HostWaits(TorchDispatchMode):
+    """Counts the operations that make the host wait for a GPU to finish its queued work before it can go on: a
+    scalar read (.item(), float(), bool(), .tolist()), nonzero and boolean-mask indexing (their result's size depends
+    on the data). On CPU nothing waits, but the same operations run: counting them shows where a GPU would."""
+
+    SCALAR_READS = {"_local_scalar_dense", "nonzero", "masked_select"}
+
+    def __init__(self):
+        super().__init__()
+        self.calls: Counter = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if name in self.SCALAR_READS:
+            self.calls[name] += 1
+        elif name in ("index", "index_put", "index_put_") and any(
+                isinstance(i, torch.Tensor) and i.dtype == torch.bool for i in args[1]):
+            self.calls["boolean-mask indexing"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def test_an_update_waits_for_the_device_as_often_whatever_its_micro_batches(tmp_path, monkeypatch):
+    # Could fail if a micro-batch read a metric, a count or a mask back from the device (per-micro-batch .item() /
+    # .tolist() / nonzero / boolean-mask indexing): on a GPU each such read stalls the host until every queued kernel
+    # has run, and the GPU then idles until the host has queued the next ones. What stays is per update and per
+    # optimizer step (the gradient norm, the optimizer's own step counters on CPU, the metrics' one transfer), so
+    # one micro-batch and four take the same number. The model's own forward (transformers' mask checks) is not ours
+    # and is left out of the count.
+    from bapo_vl.backends.base import Response, UpdateBatch
+
+    problems = get_task("countdown").load(split="train", template="compact")[:2]
+
+    def waits(micro_batch_size):
+        backend = make("countdown-tiny", tmp_path, micro_batch_size=micro_batch_size, mini_batch_size=2)
+        prompts = [backend.encode(p) for p in problems]
+        responses = [[(40, 41, 42), (43, 44)], [(45,), (46, 47, 48, 49)]]
+        groups = tuple(tuple(Response(r, (-1.5,) * len(r)) for r in rs) for rs in responses)
+        batch = UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=((1.0, 0.0), (0.0, 1.0)),
+                            advantages=((1.0, -1.0), (-1.0, 1.0)), step=1)
+        counting = HostWaits()
+        tolist = torch.Tensor.tolist
+        monkeypatch.setattr(torch.Tensor, "tolist",
+                            lambda t: counting.calls.update(["tolist"]) or tolist(t))  # not dispatched on CPU
+        decoder = backend.trained.model
+        forward = decoder.forward
+
+        def uncounted(*a, **k):  # transformers' forward, outside the count
+            with torch.utils._python_dispatch._pop_mode_temporarily():
+                return forward(*a, **k)
+
+        monkeypatch.setattr(decoder, "forward", uncounted)
+        with counting:
+            metrics = backend.update(batch).metrics
+        monkeypatch.undo()
+        assert metrics["optimizer_steps"] == 1
+        return counting.calls
+
+    one, four = waits(4), waits(1)
+    assert not one["nonzero"] and not one["boolean-mask indexing"] and not one["masked_select"]
+    assert one["tolist"] == 1  # the update's metrics, once
+    assert four == one

@@ -6,6 +6,11 @@ generates, scores log-probs, updates and syncs; what to train on is decided in b
 
 Sequence layout (bapo_vl/backends/base.py::pack): [left pad][prompt][response][right pad]; every response starts at
 the same column P, so the LM head is applied to the response positions only (see `_token_logprobs`).
+
+The update keeps the host off the GPU's critical path: batches go to the device from pinned memory without waiting,
+response tokens are picked by index tensors built on the host (no boolean-mask indexing, which waits for the device
+to count), the loss terms move to the device once per update, and the metrics stay tensors until one transfer at
+the end; what still waits is the gradient norm, once per optimizer step (a non-finite one skips the step).
 """
 from __future__ import annotations
 
@@ -19,7 +24,6 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
-from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatch, UpdateResult, load_checkpoint_file,
@@ -27,7 +31,8 @@ from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatc
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.mixed_precision import ComputeCopy
 from bapo_vl.backends.engines import make_engine
-from bapo_vl.losses import MICRO_BATCH_STATISTICS, entropy_from_logits, gae_advantages, total_loss, value_loss
+from bapo_vl.lm_head import token_logprobs
+from bapo_vl.losses import MICRO_BATCH_STATISTICS, gae_advantages, to_host, total_loss, value_loss
 from bapo_vl.models import resolve_model
 from bapo_vl import mrope
 from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions
@@ -39,20 +44,37 @@ from bapo_vl.workarounds import update_attention
 log = logging.getLogger(__name__)
 CHECKPOINT = "backend.pt"  # what save_checkpoint writes into a checkpoint folder
 CHECKPOINT_KEYS = ("policy", "optimizer", "rollout", "critic", "rng", "torch_rng", "cuda_rng")
-LOGIT_ROWS = 512  # response tokens whose full-vocabulary logits are materialised at once (x V floats each)
+# float32 logits materialised at once: 512 response tokens of a 151,936-word vocabulary (Qwen's); a smaller
+# vocabulary takes more tokens at a time (fewer, larger chunks: less host time per update)
+LOGIT_FLOATS = 512 * 151_936
 
 
 ADDITIVE = ("loss", "pg_loss", "kl", "entropy")  # micro-batch terms that add up to the mini-batch's
 
 
 def _combine(micro_metrics: list[dict]) -> dict:
-    """Mini-batch metrics: additive loss terms summed, per-token means (clip_frac, ...) token-weighted."""
-    n = sum(m["n_valid_tokens"] for m in micro_metrics) or 1
+    """Mini-batch metrics: additive loss terms summed, per-token means (clip_frac, ...) token-weighted. The values
+    are 0-d tensors (total_loss's, on the device) or numbers; so is the result, computed without a device sync."""
+    n = sum(m["n_valid_tokens"] for m in micro_metrics)
+    n = n.clamp(min=1) if isinstance(n, torch.Tensor) else (n or 1)
     out = {k: sum(m[k] for m in micro_metrics) for k in ADDITIVE}
     for k in micro_metrics[0]:
         if k not in ADDITIVE and k != "n_valid_tokens":
             out[k] = sum(m[k] * m["n_valid_tokens"] for m in micro_metrics) / n
     return out
+
+
+def response_positions(lengths: list[int], P: int, L: int) -> torch.Tensor:
+    """(2, n) flat indices of the n = sum(lengths) response tokens of a [left pad][prompt][response][right pad] batch
+    of rows of L columns whose responses start at column P: row 0 into the (B * L) hidden states, of the state that
+    predicts each token (its target is the next column); row 1 into the (B * R) right-padded response layout,
+    R = max(lengths). Built on the host from the lengths alone, so picking the tokens on the device waits for nothing."""
+    R = max(lengths, default=0)
+    n = sum(lengths)
+    counts = torch.tensor(lengths)
+    row = torch.repeat_interleave(torch.arange(len(lengths)), counts, output_size=n)  # (n,) the sequence
+    col = torch.arange(n) - (counts.cumsum(0) - counts)[row]  # (n,) the position in its response
+    return torch.stack([row * L + P - 1 + col, row * R + col])
 
 
 def clipped_step(optimizer, model: torch.nn.Module, max_norm: float, step: int) -> float:
@@ -214,6 +236,13 @@ class EmbeddedBackend:
             return nullcontext()
         return torch.autocast(self.device.type, dtype=self.autocast_dtype)
 
+    def _to_device(self, t: torch.Tensor) -> torch.Tensor:
+        """A host tensor on the device. On CUDA through pinned memory and without blocking: a plain copy from
+        pageable memory waits until the GPU has finished all queued work, so the next kernels start late."""
+        if self.device.type != "cuda" or t.device.type != "cpu":
+            return t.to(self.device)
+        return t.pin_memory().to(self.device, non_blocking=True)
+
     # --- prompts ---------------------------------------------------------------------------------------------
 
     def encode(self, problem: Problem) -> dict:
@@ -239,7 +268,7 @@ class EmbeddedBackend:
                 batch |= self.encoder.vision_inputs(batch["image_grid_thw"])
         else:  # text models take positions from the mask so left padding does not shift them
             batch["position_ids"] = (packed.attention_mask.cumsum(-1) - 1).clamp(min=0)
-        return {k: v.to(self.device) for k, v in batch.items()} | {"P": packed.P}
+        return {k: self._to_device(v) for k, v in batch.items()} | {"P": packed.P}
 
     # --- generation and scoring ------------------------------------------------------------------------------
 
@@ -262,50 +291,47 @@ class EmbeddedBackend:
         self.timings["logprobs"] += time.perf_counter() - t1
         return [out[i * n:(i + 1) * n] for i in range(len(prompts))]
 
-    def _token_logprobs(self, model, batch, n_response: int, with_entropy: bool = False):
-        """Log-probs (B, R) of the response tokens under `model` at the sampling temperature, and the entropy (B, R)
-        when asked: with a graph only if it enters the loss (entropy_coef != 0), else only measured. Both are 0 on
-        right padding.
+    def _token_logprobs(self, model, batch, lengths: list[int], with_entropy: bool = False):
+        """Log-probs (B, R) of the response tokens (`lengths[b]` of row b, R = max(lengths)) under `model` at the
+        sampling temperature, and the entropy (B, R) when asked: with a graph only if it enters the loss
+        (entropy_coef != 0), else only measured. Both are 0 on right padding.
 
         The LM head runs only on the hidden states that predict a response token (not on the prompt, the left or
-        right padding, or the last position), `LOGIT_ROWS` of them at a time under activation checkpointing, so at
-        most one chunk's (rows, V) float32 logits exist at once, forward or backward."""
+        right padding, or the last position), in chunks of at most `LOGIT_FLOATS` logits forward and backward
+        (bapo_vl/lm_head.py), so at most one chunk's (rows, V) float32 logits exist at once."""
         P = batch.pop("P")
-        targets = batch["input_ids"][:, P:]  # (B, R)
-        valid = batch["attention_mask"][:, P:].bool()  # (B, R), False on right padding
+        B, L = batch["input_ids"].shape
+        R = max(lengths)
+        states_at, tokens_at = self._to_device(response_positions(lengths, P, L))  # (n,), (n,)
         with self._autocast():
             hidden = model.model(**batch, use_cache=False).last_hidden_state  # (B, L, H)
-        rows = hidden[:, P - 1:P - 1 + n_response][valid]  # (n, H): the state before each response token
-        grad_entropy = torch.is_grad_enabled() and self.loss.entropy_coef != 0
-        head = lambda h, t: self._head_logprobs(model.lm_head, h, t, with_entropy)  # noqa: E731
-        parts = [checkpoint(head, h, t, use_reentrant=False) if torch.is_grad_enabled() else head(h, t)
-                 for h, t in zip(rows.split(LOGIT_ROWS), targets[valid].split(LOGIT_ROWS))]
-        logp = hidden.new_zeros(valid.shape, dtype=torch.float32)
-        logp[valid] = torch.cat([lp for lp, _ in parts]) if parts else logp.new_zeros(0)
-        entropy = None
-        if with_entropy:
-            entropy = torch.zeros_like(logp)
-            ent = torch.cat([e for _, e in parts]) if parts else logp.new_zeros(0)
-            entropy[valid] = ent if grad_entropy else ent.detach()
-        return logp, entropy
-
-    def _head_logprobs(self, lm_head, hidden, targets, with_entropy: bool):
-        """(n,) log-probs of `targets` and (n,) entropies (or None) from (n, H) hidden states, in float32."""
-        with self._autocast():
-            logits = lm_head(hidden).float() / self.sampling.temperature  # (n, V)
-        logp = torch.log_softmax(logits, -1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n,)
-        return logp, entropy_from_logits(logits) if with_entropy else None
+        states = hidden.flatten(0, 1).index_select(0, states_at)  # (n, H): the state before each response token
+        targets = batch["input_ids"].flatten().index_select(0, states_at + 1)  # (n,)
+        dtype = self.autocast_dtype or model.lm_head.weight.dtype  # what autocast would run the head in
+        rows = max(1, LOGIT_FLOATS // model.lm_head.out_features)
+        logp, entropy = token_logprobs(states, model.lm_head, targets, self.sampling.temperature, rows, dtype,
+                                       with_entropy)
+        padded = lambda x: x.new_zeros(B * R).index_copy(0, tokens_at, x).view(B, R)  # noqa: E731
+        if entropy is not None:
+            grad_entropy = torch.is_grad_enabled() and self.loss.entropy_coef != 0
+            entropy = padded(entropy if grad_entropy else entropy.detach())
+        return padded(logp), entropy
 
     @torch.no_grad()
     def score(self, model, prompts: list[dict], responses: list) -> torch.Tensor:
         """(N, R) log-probs of each response's tokens under `model`, right-padded with 0 (on CPU). Sequences are
         batched in order of length, `score_batch_size` at a time, so each batch is padded little."""
-        out = torch.zeros(len(responses), max(len(r) for r in responses))
+        return self._scores(model, prompts, responses).cpu()
+
+    @torch.no_grad()
+    def _scores(self, model, prompts: list[dict], responses: list) -> torch.Tensor:
+        """`score` left on the device (the update indexes it there)."""
+        out = torch.zeros(len(responses), max(len(r) for r in responses), device=self.device)
         for idx in _chunks(_by_length(list(range(len(prompts))), prompts, responses), self.options.score_batch_size):
             batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
-            R = max(len(responses[i]) for i in idx)
-            logp, _ = self._token_logprobs(model, batch, R)
-            out[idx, :R] = logp.float().cpu()
+            lengths = [len(responses[i]) for i in idx]
+            logp, _ = self._token_logprobs(model, batch, lengths)
+            out[self._to_device(torch.tensor(idx)), :max(lengths)] = logp
         return out
 
     def decode(self, tokens) -> str:
@@ -337,8 +363,8 @@ class EmbeddedBackend:
         """PPO-style update in ceil(n / mini_batch_size) near-equal mini-batches of the n groups (optim.mini_batches),
         at this step's learning rate (optim.lr_factor), with gradient accumulation over
         micro-batches of `micro_batch_size` sequences of similar length (each is padded to its longest; the loss is
-        normalised by the mini-batch's token and sequence counts, so the split does not change it). Per-token tensors
-        are (N, R) on CPU; micro-batches move."""
+        normalised by the mini-batch's token and sequence counts, so the split does not change it). The loss's
+        per-token terms are (N, R) on the device, moved or scored there once; micro-batches index them there."""
         optim = self.optim
         rows = batch.sequences()
         group = [g for g, *_ in rows]
@@ -346,15 +372,16 @@ class EmbeddedBackend:
         responses = [list(r.tokens) for _, _, r, *_ in rows]
         R = max(len(r) for r in responses)
         mask = right_pad([[1.0] * len(r) for r in responses], R)
-        behaviour = right_pad([r.logprobs for _, _, r, *_ in rows], R)
-        ref = self.score(self.ref, prompts, responses) if self.ref is not None else None
+        behaviour = self._to_device(right_pad([r.logprobs for _, _, r, *_ in rows], R))
+        ref = self._scores(self.ref, prompts, responses) if self.ref is not None else None
         # [code]'s truncated IS: ratio against the proximal policy (pi_theta before this update)
-        old, is_w = old_logprobs(behaviour, optim.tis_threshold, lambda: self.score(self.trained, prompts, responses))
+        old, is_w = old_logprobs(behaviour, optim.tis_threshold, lambda: self._scores(self.trained, prompts, responses))
         values = returns = None
         if self.critic is not None:  # BA-PPO: token-level GAE advantages from the critic, fixed for the epochs
             adv, values, returns = self._gae(prompts, responses, [w for *_, w, _ in rows], mask)
         else:
             adv = torch.tensor([a for *_, a in rows])[:, None] * mask
+        terms = dict(mask=self._to_device(mask), adv=self._to_device(adv), old=old, ref=ref, is_w=is_w)
         groups = sorted(set(group))
         lr = optim.lr * lr_factor(batch.step, self.steps, optim.lr_schedule, optim.lr_warmup_steps, optim.min_lr_ratio)
         for g in self.optimizer.param_groups:
@@ -369,7 +396,6 @@ class EmbeddedBackend:
                     idx = _by_length(idx, prompts, responses)
                 n_tokens = sum(len(responses[i]) for i in idx)
                 self.optimizer.zero_grad(set_to_none=True)
-                terms = dict(mask=mask, adv=adv, old=old, ref=ref, is_w=is_w)
                 micro_metrics = [self._backward(micro, prompts, responses, terms, n_tokens, len(idx))
                                  for micro in _chunks(idx, self.options.micro_batch_size)]
                 grad_norm = clipped_step(self.optimizer, self.policy, optim.grad_clip, batch.step)
@@ -381,7 +407,7 @@ class EmbeddedBackend:
                                                       batch.step)
         if not per_mini:
             return {}
-        out = {k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]}
+        out = to_host({k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]})  # the one transfer
         out["skipped_steps"] = sum(not math.isfinite(m["grad_norm"]) for m in per_mini)  # clipped_step skipped them
         out["optimizer_steps"] = len(per_mini) - out["skipped_steps"]
         out["lr"] = lr
@@ -389,14 +415,17 @@ class EmbeddedBackend:
         return out
 
     def _backward(self, micro, prompts, responses, terms: dict, n_tokens, n_seqs) -> dict:
-        """Forward and backward of one micro-batch; `terms` holds the (N, R) per-token tensors."""
-        R = max(len(responses[i]) for i in micro)
-        cut = lambda t: None if t is None else t[micro, :R].to(self.device)  # noqa: E731
+        """Forward and backward of one micro-batch; `terms` holds the (N, R) per-token tensors. Returns its metrics
+        as 0-d tensors on the device (the update moves them to the host once)."""
+        lengths = [len(responses[i]) for i in micro]
+        R = max(lengths)
+        rows = self._to_device(torch.tensor(micro))
+        cut = lambda t: None if t is None else t.to(self.device).index_select(0, rows)[:, :R]  # noqa: E731
         batch = self._collate([prompts[i] for i in micro], [responses[i] for i in micro])
-        logp, entropy = self._token_logprobs(self.trained, batch, R, with_entropy=True)
+        logp, entropy = self._token_logprobs(self.trained, batch, lengths, with_entropy=True)
         loss, metrics = total_loss(logp, cut(terms["old"]), cut(terms["adv"]), cut(terms["mask"]), self.loss,
                                    ref_logp=cut(terms["ref"]), entropy=entropy, is_weights=cut(terms["is_w"]),
-                                   n_tokens=n_tokens, n_seqs=n_seqs)
+                                   n_tokens=n_tokens, n_seqs=n_seqs, host_metrics=False)
         loss.backward()
         if self.compute is not None:
             self.compute.accumulate_grads()
@@ -425,7 +454,7 @@ class EmbeddedBackend:
         parts = []
         for micro in _chunks(idx, self.options.micro_batch_size):
             R = max(len(responses[i]) for i in micro)
-            cut = lambda t: t[micro, :R].to(self.device)  # noqa: E731
+            cut = lambda t: self._to_device(t[micro, :R])  # noqa: E731
             loss, m = value_loss(self._values(prompts, responses, micro).float(), cut(values), cut(returns),
                                  cut(mask), self.optim.value_clip, "token-mean", n_tokens=n_tokens)
             loss.backward()

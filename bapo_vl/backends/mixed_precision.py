@@ -22,19 +22,26 @@ class ComputeCopy:
 
     @torch.no_grad()
     def accumulate_grads(self) -> None:
-        """Add the copy's gradients into the fp32 model's and clear them (after each micro-batch's backward)."""
+        """Add the copy's gradients into the fp32 model's and clear them (after each micro-batch's backward). The
+        parameters go through torch's multi-tensor (foreach) ops in a few calls, not one kernel launch per tensor
+        from Python."""
+        first, more = [], []  # (fp32 .grad, bf16 .grad) pairs
         for m, c in self.pairs:
             if c.grad is None:
                 continue
             if m.grad is None:
-                m.grad = c.grad.to(m.dtype)
+                m.grad = torch.empty_like(m)
+                first.append((m.grad, c.grad))
             else:
-                m.grad.add_(c.grad)
+                more.append((m.grad, c.grad))
             c.grad = None
+        if first:  # the optimizer step's first micro-batch: its gradients, cast to fp32
+            torch._foreach_copy_([m for m, _ in first], [c for _, c in first])
+        if more:
+            torch._foreach_add_([m for m, _ in more], [c for _, c in more])
 
     @torch.no_grad()
     def refresh(self) -> None:
         """The copy's weights <- the fp32 weights (after each optimizer step, and after loading weights); buffers
         (rotary frequencies) do not train and stay as the copy was made."""
-        for m, c in self.pairs:
-            c.copy_(m)
+        torch._foreach_copy_([c for _, c in self.pairs], [m for m, _ in self.pairs])

@@ -12,6 +12,7 @@ is), BAPO on verl with 1 GPU and with 2 GPUs, and the bandwidth bound of decode 
 Shapes (random weights, byte vocabulary; every group is trained on: online_filter=none, no re-evaluation within the
 run, kl_coef=0 so neither backend keeps a reference model):
   text  Qwen2-0.5B (hidden 896, 24 layers, 14/2 heads): countdown, 64 prompts x 8 x up to 512 response tokens
+        (`models` also saves text151k, the same with Qwen2's 151,936-word vocabulary, for `bench_gpu.py update`)
   vl    Qwen2.5-VL-3B's vision tower (32 blocks, hidden 1280) and head dimension 128 under a 1.5B-class language
         model (hidden 1536, 28 layers, 12/2 heads), 2.0 B parameters: Geometry3K diagrams at up to 448x448 pixels
         (<= 256 visual tokens), 16 prompts x 8 x up to 256 response tokens. The 3B language model does not fit the
@@ -100,6 +101,9 @@ SHAPES = {
 }
 MODELS = {  # the `models` subcommand's random-weight models, by shape
     "text": dict(TEXT),
+    # the text shape with Qwen2's 151,936-word vocabulary (text's is the byte tokenizer's 263 words): the update's
+    # LM head (full-vocabulary log-softmax, entropy and their backward) at a real model's size
+    "text151k": dict(TEXT, vocab_size=151936),
     "vl": dict(VL_TEXT, vision="VISION_3B", max_pixels=MAX_PIXELS),
     "vl3b": dict(VL3B_TEXT, vision="VISION_3B", **EASYR1_PIXELS),
 }
@@ -116,7 +120,7 @@ def build(shape: str, **change):
     from bapo_vl import tiny
 
     spec = dict(MODELS[shape], **change)
-    if shape == "text":
+    if shape.startswith("text"):
         return tiny.build_qwen2(**spec)
     if isinstance(spec.get("vision"), str):
         spec["vision"] = getattr(tiny, spec["vision"])
