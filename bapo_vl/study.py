@@ -62,7 +62,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from bapo_vl.backends.engines import choose_engine, sleeps
+from bapo_vl.backends.engines import choose_engine, resolve_device, sleeps
 from bapo_vl.config import Config, load_config, resume_config
 from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, setup
 from bapo_vl.provenance import commit
@@ -590,9 +590,8 @@ def refuse_sleeping_engines_sharing_a_card(opts: StudyOptions, cfg: Config) -> N
     which another run changes meanwhile ("Memory usage increased after sleeping"), so those runs need
     enable_sleep_mode false. Refused before anything is evaluated."""
     cards = max(1, len(child_gpus(cfg.run.device)))
-    device = torch.device("cuda" if cfg.run.device == "auto" and torch.cuda.is_available() else
-                          "cpu" if cfg.run.device == "auto" else cfg.run.device)
-    engine = choose_engine(cfg.embedded.rollout_engine, device) if cfg.run.backend == "embedded" else None
+    engine = (choose_engine(cfg.embedded.rollout_engine, resolve_device(cfg.run.device))
+              if cfg.run.backend == "embedded" else None)
     if opts.jobs > cards and engine == "vllm" and sleeps(cfg.embedded.vllm_options):
         n = -(-opts.jobs // cards)
         raise ValueError(f"--jobs {opts.jobs} on {cards} card(s) puts {n} vLLM engines on a card, and vLLM's sleep "

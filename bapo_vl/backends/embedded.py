@@ -30,7 +30,7 @@ from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatc
                                    old_logprobs, pack, right_pad)
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.mixed_precision import ComputeCopy
-from bapo_vl.backends.engines import make_engine
+from bapo_vl.backends.engines import make_engine, resolve_device
 from bapo_vl.lm_head import token_logprobs
 from bapo_vl.losses import MICRO_BATCH_STATISTICS, gae_advantages, to_host, total_loss, value_loss
 from bapo_vl.models import resolve_model
@@ -171,8 +171,7 @@ class EmbeddedBackend:
     def __init__(self, model: str, sampling, optim, loss, options, *, device: str, seed: int, steps: int, delay: int):
         self.sampling, self.optim, self.loss, self.options = sampling, optim, loss, options
         self.seed, self.steps = seed, steps
-        self.device = torch.device("cuda" if device == "auto" and torch.cuda.is_available()
-                                   else "cpu" if device == "auto" else device)
+        self.device = resolve_device(device)
         on_gpu = self.device.type == "cuda"
         # Trainer weights stay fp32 (bf16 updates underflow at lr 1e-6); compute runs under bf16 autocast on GPU.
         self.autocast_dtype = {"auto": torch.bfloat16 if on_gpu else None, "float32": None,

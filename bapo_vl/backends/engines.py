@@ -41,6 +41,13 @@ class RolloutEngine(Protocol):
     def wake(self) -> None: ...
 
 
+def resolve_device(setting: str) -> torch.device:
+    """What device=`setting` (auto | cpu | cuda) runs on here: auto is cuda when a GPU is visible."""
+    if setting == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(setting)
+
+
 def choose_engine(name: str, device: torch.device) -> str:
     """The engine `rollout_engine=name` means here: auto picks the fastest one that can run (vLLM, text and VL alike:
     docs/results.md has both measured against model.generate, and both passed scripts/gpu/engine_checks.py)."""
