@@ -110,6 +110,7 @@ class EmbeddedOptions:
         "dtype": "verl computes in bf16 under FSDP's mixed precision (verl.actor_rollout_ref.actor.fsdp_config)",
         "mixed_precision": ("verl's FSDP actor keeps fp32 weights and computes in bf16 "
                             "(verl.actor_rollout_ref.actor.fsdp_config.mixed_precision)"),
+        "compile": "verl compiles what its actor's config says (verl.actor_rollout_ref.actor.use_torch_compile)",
     }
 
     rollout_engine: str = within("auto", ROLLOUT_ENGINES)
@@ -133,6 +134,11 @@ class EmbeddedOptions:
     """how the update computes in bf16 (dtype auto on GPU, or bfloat16): autocast (fp32 weights cast in every
     forward) | compute_copy (a bf16 copy runs forward and backward, gradients accumulate into the fp32 weights the
     optimizer steps, the copy is refreshed once per optimizer step: bapo_vl/backends/mixed_precision.py)"""
+    compile: bool = False
+    """torch.compile each repeated block (decoder layers, vision blocks) of the model the update runs on: the norms,
+    rotary embeddings and activations around each matmul fuse into fewer kernels. One compiled block serves every
+    layer, for dynamic shapes (lengths change from step to step); the first updates wait for the compiler. Sampling
+    with the transformers engine stays eager"""
 
 
 @BACKENDS.register("verl")

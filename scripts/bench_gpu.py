@@ -19,9 +19,9 @@ before `bapo_vl/backends/gqa_decode.py`, the ratios' baseline) and transformers'
 engine) of prompts x 8 random responses at each `score_batch_size`, against the update's micro_batch_size.
 `update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens, after one warm-up: tokens/s,
 MFU (6 N T + causal attention FLOPs over the card's dense bf16 peak), peak allocated / reserved memory; with
-`--profile`, torch.profiler's top operators of one more update (what bounds the MFU); with `--compile`, the policy's
-decoder runs under torch.compile (an A/B of fused element-wise kernels); with `--sync-debug`, one more update under
-torch.cuda.set_sync_debug_mode("warn"): how many calls made the host wait for the GPU, and from which lines (CUDA
+`--profile`, torch.profiler's top operators of one more update (what bounds the MFU); `--set compile=true` compiles
+the policy's repeated blocks (the backend's setting: fused element-wise kernels); with `--sync-debug`, one more update
+under torch.cuda.set_sync_debug_mode("warn"): how many calls made the host wait for the GPU, and from which lines (CUDA
 only: on CPU it says so and records nothing).
 Each call is one process (engines never share a process); `report` prints ratios only between rows of one card.
 """
@@ -204,8 +204,6 @@ def update_bench(a) -> dict:
     cfg = _config("text", a.model, "transformers", None, ["mini_batch_size=2", "micro_batch_size=16",
                                                           "max_prompt_length=64", "max_response_length=960", *a.set])
     backend = make_backend(cfg)
-    if a.compile:  # an experiment, not a setting of the backend: fused element-wise kernels for the decoder
-        backend.policy.model.compile(dynamic=True)
     gen = torch.Generator().manual_seed(0)
     vocab = backend.policy.config.vocab_size
     prompt_ids = [torch.randint(3, vocab - 8, (64,), generator=gen) for _ in range(2)]
@@ -234,7 +232,7 @@ def update_bench(a) -> dict:
     peak = peak_flops(card())
     memory = _memory()  # of the timed updates, before the profiled one
     syncs = sync_calls(lambda: backend.update(batch)) if a.sync_debug else {}
-    return dict(kind="update", card=card(), model=str(a.model), compiled=a.compile,
+    return dict(kind="update", card=card(), model=str(a.model), compiled=cfg.embedded.compile,
                 mixed_precision=cfg.embedded.mixed_precision, sequences=16, tokens=tokens, seconds=seconds,
                 tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
                 mfu=flops / seconds / peak if peak else None,
@@ -378,8 +376,6 @@ def main():
     u = sub.add_parser("update")
     u.add_argument("--repeat", type=int, default=3)
     u.add_argument("--profile", action="store_true", help="one more update under torch.profiler: its top operators")
-    u.add_argument("--compile", action="store_true", help="torch.compile the policy's decoder first (an A/B: does "
-                   "fusing its element-wise work raise the MFU?)")
     u.add_argument("--sync-debug", action="store_true", help="one more update under torch.cuda.set_sync_debug_mode"
                    "('warn'): how many calls made the host wait for the GPU, and where (CUDA only)")
     for p in (e, s, u):

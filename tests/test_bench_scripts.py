@@ -50,9 +50,9 @@ def test_bench_gpu_measures_the_transformers_engine_and_the_update_on_cpu(tmp_pa
     u = json.loads(update.read_text())
     assert u["tokens"] == 16 * 1024 and u["seconds"] > 0 and u["mfu"] is None  # no peak FLOP/s for a CPU
     assert "sync_calls" not in u
-    compiled = tmp_path / "compiled.json"  # the A/B arm: the decoder under torch.compile (CPU: inductor's C++)
+    compiled = tmp_path / "compiled.json"  # the A/B arm: the blocks under torch.compile (CPU: inductor's C++)
     run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--out", compiled,
-        "--set", "device=cpu", "--compile", cwd=tmp_path)
+        "--set", "device=cpu", "compile=true", cwd=tmp_path)
     assert json.loads(compiled.read_text())["compiled"] and not u["compiled"]
     copy = tmp_path / "copy.json"  # the other A/B arm: bf16 compute copy against bf16 autocast
     run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--out", copy,

@@ -343,3 +343,66 @@ def test_an_update_waits_for_the_device_as_often_whatever_its_micro_batches(tmp_
     assert not one["nonzero"] and not one["boolean-mask indexing"] and not one["masked_select"]
     assert one["tolist"] == 1  # the update's metrics, once
     assert four == one
+
+
+def test_compiled_blocks_give_the_eager_logprobs_and_gradients_and_sampling_stays_eager(tmp_path):
+    # Could fail if compile=true compiled nothing (no block found, or every call fell back to eager), if the compiled
+    # blocks changed a log-prob or a gradient beyond float summation order, or if sampling with the transformers
+    # engine ran (and recompiled) the blocks compiled for the update.
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    eager, compiled = (make("countdown-tiny", tmp_path / f"c{c}", compile=c) for c in (False, True))
+    layers = compiled.policy.config.num_hidden_layers
+    assert sum(getattr(m, "_compiled_call_impl", None) is not None for m in compiled.trained.modules()) == layers
+    assert not any(getattr(m, "_compiled_call_impl", None) is not None for m in eager.trained.modules())
+    problems = get_task("countdown").load(split="train", template="compact")[:3]
+    prompts = [eager.encode(p) for p in problems]
+    responses = [[40, 41, 42, 43, 44, 45, 46], [50, 51], [60, 61, 62, 63]]
+    torch.testing.assert_close(compiled.score(compiled.trained, prompts, responses),
+                               eager.score(eager.trained, prompts, responses), **TOL)
+    assert counters["stats"]["unique_graphs"] >= 1  # the blocks ran compiled
+
+    mask = torch.tensor([[1.0] * len(r) + [0.0] * (7 - len(r)) for r in responses])
+    g = torch.Generator().manual_seed(0)
+    terms = dict(mask=mask, adv=torch.randn(mask.shape, generator=g) * mask,
+                 old=-torch.rand(mask.shape, generator=g) * mask, ref=-torch.rand(mask.shape, generator=g) * mask,
+                 is_w=None)
+    grads, losses = [], []
+    for backend in (eager, compiled):
+        backend.policy.zero_grad(set_to_none=True)
+        metrics = backend._backward([0, 1, 2], prompts, responses, terms, int(mask.sum()), 3)
+        losses.append(float(metrics["loss"]))
+        grads.append({k: p.grad for k, p in backend.policy.named_parameters() if p.grad is not None})
+    assert losses[1] == pytest.approx(losses[0], rel=1e-4, abs=1e-6)
+    assert set(grads[0]) == set(grads[1])
+    for k, want in grads[0].items():
+        torch.testing.assert_close(grads[1][k], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()), msg=k)
+
+    graphs = counters["stats"]["unique_graphs"]
+    assert compiled.rollout is not compiled.policy  # alpha, a copy made before compiling, samples: eager anyway
+    sampled = compiled.engine.sample(prompts, 2, "current", False)  # pi_theta samples (X2) with its compiled blocks
+    assert len(sampled) == 6 and counters["stats"]["unique_graphs"] == graphs  # ... run eager
+
+
+def test_compiled_vl_blocks_give_the_eager_logprobs(tmp_path, geometry3k_source):
+    # Could fail if the vision blocks or the VL decoder layers did not compile (none found, or a shape the dynamic
+    # graph cannot take: images of different sizes), or if compiling them changed a log-prob.
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, processor = build_qwen2_5_vl(max_pixels=56 * 56)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    eager, compiled = (make(tmp_path / "vl", tmp_path / f"c{c}", task="geometry3k", task_options="{}",
+                            max_pixels=56 * 56, compile=c) for c in (False, True))
+    blocks = model.config.text_config.num_hidden_layers + model.config.vision_config.depth
+    assert sum(getattr(m, "_compiled_call_impl", None) is not None for m in compiled.trained.modules()) == blocks
+    problems = get_task("geometry3k").load(split="train", source=geometry3k_source, limit=2)
+    prompts = [eager.encode(p) for p in problems]
+    responses = [[70, 71, 72, 73, 74, 75], [80, 81, 82]]
+    torch.testing.assert_close(compiled.score(compiled.trained, prompts, responses),
+                               eager.score(eager.trained, prompts, responses), **TOL)
+    assert counters["stats"]["unique_graphs"] >= 2  # a vision block and a decoder layer

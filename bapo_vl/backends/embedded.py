@@ -98,6 +98,20 @@ def clipped_step(optimizer, model: torch.nn.Module, max_norm: float, step: int) 
     return norm
 
 
+def compile_blocks(model: torch.nn.Module) -> int:
+    """torch.compile, in place, each block the model repeats (the classes its `_no_split_modules` names: decoder
+    layers, vision blocks), as regional compilation does: the blocks share one compiled graph, so compiling takes
+    one block's time, and the attention masks, LM head and loss outside them stay eager. Returns how many."""
+    names = set(getattr(model, "_no_split_modules", None) or ())
+    blocks = [m for m in model.modules() if type(m).__name__ in names]
+    if not blocks:
+        raise ValueError(f"compile=true: {type(model).__name__} names no repeated blocks to compile "
+                         f"(its _no_split_modules)")
+    for block in blocks:
+        block.compile(dynamic=True)
+    return len(blocks)
+
+
 def _by_length(idx: list[int], prompts: list[dict], responses: list) -> list[int]:
     """idx ordered by sequence length (prompt + response): micro-batches of neighbours are padded little."""
     return sorted(idx, key=lambda i: len(prompts[i]["input_ids"]) + len(responses[i]))
@@ -193,6 +207,8 @@ class EmbeddedBackend:
         self.compute = (ComputeCopy(self.policy, self.autocast_dtype)
                         if options.mixed_precision == "compute_copy" and self.autocast_dtype is not None else None)
         self.trained = self.compute.model if self.compute is not None else self.policy
+        if options.compile:
+            compile_blocks(self.trained)
         self.critic = ValueModel(self.policy).to(self.device) if optim.critic else None
         self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=optim.critic_lr,
                                                    weight_decay=optim.weight_decay) if self.critic else None)

@@ -96,7 +96,8 @@ class TransformersEngine:
             batch = b._collate(flat[i:i + b.options.generate_batch_size])
             P = batch.pop("P")
             batch.pop("position_ids", None)  # generate derives positions from the mask
-            with b._autocast():
+            # compile=true compiled the blocks for the update's shapes; decoding one token at a time stays eager
+            with b._autocast(), torch.compiler.set_stance("force_eager"):
                 out = model.generate(**batch, generation_config=generation)
             tokens += [cut_at_eos(row, b.eos_ids) for row in out[:, P:].tolist()]
         return tokens
