@@ -12,7 +12,8 @@ budget to F x budget (budget x 2, x 4, ...; linear: on in steps of budget / n), 
 reach another's final accuracy" can be answered past the common budget; its rows at the budget still compare at
 equal rollouts.
 
-Evaluations. Each prompt of the held-out split is answered once greedily and k times at temperature 1. Every
+Evaluations. Each prompt of the held-out split (or of several, `--split test,val`: one pool of prompts) is answered
+once greedily and k times at temperature 1. Every
 checkpoint samples k = `--k` answers with one seed (eval_seed + 1) for every method, so the curves are paired by
 prompt and sampling seed; the final evaluations (the common budget, and an extended entry's last checkpoint) sample
 `--final-k` answers, with their own seed (eval_seed + 2; the checkpoint's when final_k = k): more samples where the
@@ -222,11 +223,12 @@ class StudyOptions:
     entries: dict[str, list[str]] = field(default_factory=dict)
     """grid entries of one's own: name -> config overrides"""
     split: str = "test"
-    """held-out split (the task's load(split=...)); never the training data"""
+    """held-out split (the task's load(split=...)), or several joined by commas, evaluated as one pool of prompts
+    (more prompts, narrower intervals); never the training data"""
     source: str | None = None
     """held-out data file, passed to load(source=...)"""
     limit: int | None = None
-    """first N held-out prompts"""
+    """first N held-out prompts (of each split)"""
     preset: str | None = None
     """config preset of every run (default tiny)"""
     overrides: list[str] = field(default_factory=list)
@@ -278,6 +280,8 @@ class StudyOptions:
             (min(self.k, self.final_k, self.hard_k) >= 1, f"k={self.k}, final_k={self.final_k} and "
                                                           f"hard_k={self.hard_k} must be >= 1"),
             (self.jobs >= 1, f"jobs={self.jobs} must be >= 1"),
+            (all(splits := self.split.split(",")) and len(set(splits)) == len(splits),
+             f"--split {self.split!r}: split names joined by commas, each once (e.g. test,val)"),
             (not (own := [o for o in self.overrides if o.partition("=")[0].strip() in STUDY_SETS]),
              f"the study sets {', '.join(sorted(STUDY_SETS))} itself; drop {own}"),
         ]
@@ -363,18 +367,19 @@ def evaluate_policy(opts: StudyOptions, cfg, model: str, checkpoint: int | None,
     (k, seed) are paired by prompt and sampling seed whatever else was evaluated before them."""
     k = opts.k if k is None else k
     run = cfg.run
-    common = dict(model=model, checkpoint=checkpoint, task=run.task, splits=[opts.split], source=opts.source,
+    common = dict(model=model, checkpoint=checkpoint, task=run.task, splits=opts.split.split(","), source=opts.source,
                   template=run.task_options.get("template"), limit=opts.limit, options={},
                   max_new_tokens=cfg.sampling.max_response_length, batch_size=opts.eval_batch_size,
                   device=run.device, seed=seed, tasks_dirs=list(run.tasks_dirs), quiet=True)
     s = eval_setup(cfg, EvalOptions(**common, k=k, temperature=1.0))
+    pool = {opts.split: [p for problems in s.sets.values() for p in problems]}  # the held-out splits as one set
     backend = load_backend(s.cfg, s.checkpoint_dir)  # once for both passes
     per_call = s.cfg.embedded.generate_batch_size
-    sampled = evaluate(backend, s.task, s.sets, k, quiet=True, per_call=max(1, per_call // k))[opts.split]
+    sampled = evaluate(backend, s.task, pool, k, quiet=True, per_call=max(1, per_call // k))[opts.split]
     row = {"mean@k": sampled["mean@k"], "pass@k": sampled["pass@k"], "n": sampled["n"],
            "counts": sampled["problems"]}
     if greedy:  # per prompt too (0 or 1), for intervals over prompts
-        answered = evaluate(backend, s.task, s.sets, 1, quiet=True, greedy=True, per_call=per_call)[opts.split]
+        answered = evaluate(backend, s.task, pool, 1, quiet=True, greedy=True, per_call=per_call)[opts.split]
         row = {"greedy": answered["mean@k"], "greedy_counts": answered["problems"], **row}
     del backend
     gc.collect()
@@ -1205,9 +1210,10 @@ def parse_args(argv: list[str]) -> StudyOptions:
                                                        "(default %(default)s)")
     ap.add_argument("--final-k", type=int, help="samples per held-out prompt at the final budget (default --k)")
     ap.add_argument("--hard-k", type=int, help="start policy samples that define the hard set (default --final-k)")
-    ap.add_argument("--split", default=d.split, help="held-out split (default %(default)s)")
+    ap.add_argument("--split", default=d.split, help="held-out split, or several joined by commas, evaluated as one "
+                                                      "pool of prompts (default %(default)s)")
     ap.add_argument("--source", help="held-out data file (load(source=...))")
-    ap.add_argument("--limit", type=int, help="first N held-out prompts")
+    ap.add_argument("--limit", type=int, help="first N held-out prompts of each split")
     ap.add_argument("--preset", help="config preset (default tiny)")
     ap.add_argument("--runs", default=d.runs, help="run directories and the ledger study.jsonl (default %(default)s)")
     ap.add_argument("--out", help="output folder (default docs/study/<model name>)")

@@ -301,6 +301,26 @@ def test_one_policy_load_gives_what_two_bapo_eval_calls_give():
                    "pass@k": sampled["pass@k"], "n": sampled["n"], "counts": sampled["problems"]}
 
 
+def test_several_held_out_splits_are_one_pool_of_prompts():
+    # Could fail if a second split were dropped or evaluated apart (its prompts missing from the counts the
+    # intervals pair by), if --limit cut the pool instead of each split, or if a split named twice were accepted.
+    from bapo_vl.evaluate import EvalOptions, run_eval
+    from bapo_vl.study import evaluate_policy
+
+    opts = StudyOptions(k=2, limit=3, split="test,cd4")
+    cfg = load_config(overrides=[*SMALL, "device=cpu"])
+    row = evaluate_policy(opts, cfg, cfg.run.model, None, seed=5)
+    greedy = run_eval(EvalOptions(model=cfg.run.model, task=cfg.run.task, splits=["test", "cd4"], template="compact",
+                                  limit=3, seed=5, max_new_tokens=cfg.sampling.max_response_length, device="cpu",
+                                  quiet=True, k=1, temperature=0.0))["sets"]
+    assert row["n"] == 6 and set(row["counts"]) == set(row["greedy_counts"])
+    assert row["greedy_counts"] == {**greedy["test"]["problems"], **greedy["cd4"]["problems"]}  # 3 + 3 uids
+    assert row["greedy"] == pytest.approx((greedy["test"]["mean@k"] + greedy["cd4"]["mean@k"]) / 2)
+    for bad in ("test,test", "test,"):
+        with pytest.raises(ValueError, match="each once"):
+            StudyOptions(split=bad)
+
+
 def test_evaluations_build_the_rollout_engine_the_training_segments_build():
     # Could fail if the study's evaluations fell back to `bapo eval`'s defaults (rollout_engine auto, no
     # vllm_options): in one process they take over vLLM's one engine from the training segments, which refuses other
