@@ -396,11 +396,11 @@ def check_against(base: dict, file: str, task: str, sets) -> list[str]:
     return shared
 
 
-def paired_against(result: dict, base: dict, file: str, n_resamples: int = 10_000) -> dict:
-    """This evaluation minus `base`, per shared set: mean@k paired by problem uid, with a bootstrap interval."""
+def paired_against(result: dict, base: dict, file: str, shared: list[str], n_resamples: int = 10_000) -> dict:
+    """This evaluation minus `base`, per shared set (check_against's): mean@k paired by problem uid, with a
+    bootstrap interval."""
     from bapo_vl.stats import hierarchical_bootstrap_diff
 
-    shared = check_against(base, file, result["task"], result["sets"])
     out = {}
     for name in shared:
         mine, theirs = result["sets"][name]["problems"], base["sets"][name]["problems"]
@@ -421,8 +421,7 @@ def run_eval(opts: EvalOptions) -> dict:
     t0 = time.perf_counter()
     base = read_against(opts.against) if opts.against else None
     s = setup(opts)
-    if base is not None:
-        check_against(base, opts.against, s.task.name, s.sets)
+    shared = check_against(base, opts.against, s.task.name, s.sets) if base is not None else []
     backend = load_backend(s.cfg, s.checkpoint_dir)
     per_set = evaluate(backend, s.task, s.sets, opts.k, quiet=opts.quiet, greedy=opts.temperature == 0,
                        per_call=max(1, s.cfg.embedded.generate_batch_size // opts.k))
@@ -436,7 +435,7 @@ def run_eval(opts: EvalOptions) -> dict:
         "run": None, "step": None, "not_recorded": None, "seconds": None, "against": None,
     }
     if base is not None:
-        result["against"] = paired_against(result, base, opts.against)
+        result["against"] = paired_against(result, base, opts.against, shared)
     if opts.run:
         same_run = s.run_dir is not None and Path(opts.run).resolve() == s.run_dir.resolve()
         step = opts.step if opts.step is not None else checkpoint if same_run else None
