@@ -53,7 +53,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sqlite3
 import statistics
 import shutil
 import subprocess
@@ -280,20 +279,17 @@ def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict
     from bapo_vl.backends.embedded import PromptEncoder
     from bapo_vl.config import Config
     from bapo_vl.perf import actor_mfu, peak_flops
-    from bapo_vl.record import FRESH, sql_in
+    from bapo_vl.record import FRESH, query_ro, sql_in
     from bapo_vl.train import load_problems
     from transformers import AutoConfig
 
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        cfg = Config.from_dict(json.loads(conn.execute("SELECT json FROM config").fetchone()[0]))
-        steps = [(step, t, json.loads(m)) for step, t, m in
-                 conn.execute("SELECT step, time, metrics FROM steps ORDER BY step")]
-        fresh = {}
-        for step, uid, G in conn.execute(f"SELECT step, uid, G FROM prompt_steps WHERE {sql_in(FRESH)}"):
-            fresh.setdefault(step, []).append((uid, G))
-    finally:
-        conn.close()
+    run_dir = db.parent
+    cfg = Config.from_dict(json.loads(query_ro(run_dir, "SELECT json FROM config")[0]["json"]))
+    steps = [(r["step"], r["time"], json.loads(r["metrics"]))
+             for r in query_ro(run_dir, "SELECT step, time, metrics FROM steps ORDER BY step")]
+    fresh = {}
+    for r in query_ro(run_dir, f"SELECT step, uid, G FROM prompt_steps WHERE {sql_in(FRESH)}"):
+        fresh.setdefault(r["step"], []).append((r["uid"], r["G"]))
     _, problems = load_problems(cfg.run)
     by_uid = {p.uid: p for p in problems}
     encoder = PromptEncoder(str(model_dir), cfg.sampling)
@@ -322,8 +318,10 @@ def steps_summary(db: Path) -> dict:
     """Medians over steps 2.. of the record's time split and throughput."""
     if not db.exists():
         return {"error": f"no run record at {db}"}
-    conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    rows = [(step, t, json.loads(m)) for step, t, m in conn.execute("SELECT step, time, metrics FROM steps ORDER BY step")]
+    from bapo_vl.record import query_ro
+
+    rows = [(r["step"], r["time"], json.loads(r["metrics"]))
+            for r in query_ro(db.parent, "SELECT step, time, metrics FROM steps ORDER BY step")]
     if len(rows) < 2:
         return {"error": f"{len(rows)} steps recorded"}
     walls = [b[1] - a[1] for a, b in zip(rows, rows[1:])]
