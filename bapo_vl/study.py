@@ -658,25 +658,45 @@ def accuracy(rows: list[dict], uids: list[str], metric: str = "mean@k") -> np.nd
     return np.array([[r["counts"][u] / r["k"] for u in uids] for r in rows], dtype=float)
 
 
-def paired(result: dict, a: str, b: str) -> tuple[list[dict], list[dict]]:
-    """The final rows of a and b for the seeds both ran, in the same order (row s of each from seed s)."""
-    rows_a, rows_b = ({r["seed"]: r for r in final_rows(result, e)} for e in (a, b))
+def paired(result: dict, a: str, b: str, budget: int | None = None) -> tuple[list[dict], list[dict]]:
+    """The rows of a and b at `budget` (default the common one) for the seeds both ran, in the same order (row s of
+    each from seed s)."""
+    budget = result["settings"]["budget"] if budget is None else budget
+    rows_a, rows_b = ({r["seed"]: r for r in entry_rows(result, e, budget)} for e in (a, b))
     seeds = sorted(rows_a.keys() & rows_b.keys())
     return [rows_a[s] for s in seeds], [rows_b[s] for s in seeds]
 
 
-def versus(result: dict, a: str, b: str, metric: str, resamples: int = RESAMPLES) -> dict:
-    """a - b at the budget, paired by seed and prompt: the hierarchical bootstrap's difference, interval and p."""
-    rows_a, rows_b = paired(result, a, b)
-    uids = sorted(result["start_final"]["counts"])
+def start_for(result: dict, rows: list[dict]) -> dict:
+    """The start policy's evaluation sampled as `rows` were (the same k and sampling seed: start at a checkpoint,
+    start_final at a final budget), which they are paired with by prompt."""
+    sampled = {(r["k"], r["sample_seed"]) for r in rows}
+    if not rows:
+        raise ValueError("no evaluations to pair with the start policy's")
+    if len(sampled) != 1:
+        raise ValueError(f"rows evaluated with different k and sampling seeds: {sorted(sampled)}")
+    found = [result[name] for name in (START_FINAL, START, START_HARD)
+             if name in result and (result[name]["k"], result[name]["sample_seed"]) in sampled]
+    if not found:
+        raise ValueError(f"no evaluation of the start policy with (k, sampling seed) {sampled.pop()}")
+    return found[0]
+
+
+def versus(result: dict, a: str, b: str, metric: str, resamples: int = RESAMPLES, budget: int | None = None) -> dict:
+    """a - b at `budget` (default the common one), paired by seed and prompt: the hierarchical bootstrap's
+    difference, interval and p."""
+    rows_a, rows_b = paired(result, a, b, budget)
+    uids = sorted(start_for(result, rows_a + rows_b)["counts"])
     return hierarchical_bootstrap_diff(accuracy(rows_a, uids, metric), accuracy(rows_b, uids, metric), resamples)
 
 
-def gain(result: dict, entry: str, metric: str, resamples: int = RESAMPLES) -> dict:
-    """entry - start_final at the budget, paired by prompt: the start policy is one policy, so it is the same row
-    for every seed."""
-    rows, uids = final_rows(result, entry), sorted(result["start_final"]["counts"])
-    start = accuracy([result["start_final"]], uids, metric)
+def gain(result: dict, entry: str, metric: str, resamples: int = RESAMPLES, budget: int | None = None) -> dict:
+    """entry - the start at `budget` (default the common one), paired by prompt: the start policy is one policy, so
+    it is the same row for every seed."""
+    rows = entry_rows(result, entry, result["settings"]["budget"] if budget is None else budget)
+    start = start_for(result, rows)
+    uids = sorted(start["counts"])
+    start = accuracy([start], uids, metric)
     return hierarchical_bootstrap_diff(accuracy(rows, uids, metric), np.repeat(start, len(rows), axis=0), resamples)
 
 

@@ -1,7 +1,7 @@
 """A study's ledger read at one checkpoint budget: each entry against the start policy and against a baseline entry,
-paired by seed and prompt with the study's hierarchical bootstrap (bapo_vl.stats). For a grid whose runs did not
-all reach the final budget (the report of `scripts/study.py` needs every run there), or to read an earlier
-checkpoint of a finished one.
+paired by seed and prompt as the study's report pairs them (bapo_vl.study's gain and versus, at that budget). For a
+grid whose runs did not all reach the final budget (the report of `scripts/study.py` needs every run there), or to
+read an earlier checkpoint of a finished one.
 
     python scripts/study_at_budget.py RUNS/study.jsonl 15360 [--baseline grpo] [--json OUT.json]
 
@@ -16,55 +16,40 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bapo_vl.stats import hierarchical_bootstrap_diff  # noqa: E402
+from bapo_vl.study import RESAMPLES, accuracy, entry_rows, gain, start_for, versus  # noqa: E402
 
 
-def read_ledger(path: Path) -> tuple[dict, list[dict]]:
+def read_ledger(path: Path) -> dict:
+    """The ledger as the study's analysis takes it: {"settings", "runs": [rows], and each start evaluation by name}."""
     lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     if not lines or "config" not in lines[0]:
         raise ValueError(f"{path}: not a study ledger (its first line holds the study's settings)")
-    return lines[0], lines[1:]
+    rows = lines[1:]
+    return {"settings": lines[0], "runs": [r for r in rows if r["seed"] is not None],
+            **{r["entry"]: r for r in rows if r["seed"] is None}}
 
 
-def at_budget(rows: list[dict], budget: int, baseline: str | None, resamples: int = 10_000) -> dict:
-    runs = {}
-    for r in rows:
-        if r["budget"] == budget and r["seed"] is not None:
-            runs.setdefault(r["entry"], {})[r["seed"]] = r
-    if not runs:
+def at_budget(result: dict, budget: int, baseline: str | None, resamples: int = RESAMPLES) -> dict:
+    """Each entry's evaluations at `budget` against the start's (bapo_vl.study.gain) and the baseline's
+    (bapo_vl.study.versus, on the seeds both have)."""
+    entries = sorted({r["entry"] for r in result["runs"] if r["budget"] == budget})
+    if not entries:
         raise ValueError(f"no run has an evaluation at {budget} rollouts (budgets: "
-                         f"{sorted({r['budget'] for r in rows if r['seed'] is not None})})")
-    sampled = {(r["k"], r["sample_seed"]) for by_seed in runs.values() for r in by_seed.values()}
-    if len(sampled) > 1:
-        raise ValueError(f"the runs at {budget} were evaluated with different k and sampling seeds: {sorted(sampled)}")
-    (k, sample_seed), = sampled
-    # the start policy's evaluation with the same k and sampling seed (the study's start, start_final or start_hard)
-    start = next((r for r in rows if r["seed"] is None and (r["k"], r["sample_seed"]) == (k, sample_seed)), None)
-    if start is None:
-        raise ValueError(f"the ledger has no evaluation of the start policy with k {k} and sampling seed {sample_seed}")
-    uids = sorted(start["counts"])
-
-    def cells(entry_rows, key):
-        return np.array([[r[key][u] / (r["k"] if key == "counts" else 1) for u in uids] for r in entry_rows])
-
-    start_cells = {key: cells([start], key)[0] for key in ("counts", "greedy_counts")}
+                         f"{sorted({r['budget'] for r in result['runs']})})")
+    start = start_for(result, [r for e in entries for r in entry_rows(result, e, budget)])
+    k, uids = start["k"], sorted(start["counts"])
     out = {"budget": budget, "k": k, "prompts": len(uids), "entries": {}}
-    for entry, by_seed in sorted(runs.items()):
-        seeds = sorted(by_seed)
-        e = {"seeds": seeds}
-        for key, name in (("counts", f"mean@{k}"), ("greedy_counts", "greedy")):
-            a = cells([by_seed[s] for s in seeds], key)
+    for entry in entries:
+        rows = entry_rows(result, entry, budget)
+        e = {"seeds": [r["seed"] for r in rows]}
+        for metric, name in (("mean@k", f"mean@{k}"), ("greedy", "greedy")):
+            a = accuracy(rows, uids, metric)
             e[name] = float(a.mean())
-            e[f"{name} vs start"] = hierarchical_bootstrap_diff(a, np.tile(start_cells[key], (len(a), 1)), resamples)
-            e[f"{name} vs start by seed"] = [float(x) for x in (a - start_cells[key]).mean(axis=1)]
-        if baseline and entry != baseline and baseline in runs:
-            both = sorted(set(seeds) & set(runs[baseline]))
-            for key, name in (("counts", f"mean@{k}"), ("greedy_counts", "greedy")):
-                e[f"{name} vs {baseline}"] = hierarchical_bootstrap_diff(
-                    cells([by_seed[s] for s in both], key), cells([runs[baseline][s] for s in both], key), resamples)
+            e[f"{name} vs start"] = gain(result, entry, metric, resamples, budget)
+            e[f"{name} vs start by seed"] = [float(x) for x in (a - accuracy([start], uids, metric)).mean(axis=1)]
+            if baseline and entry != baseline and baseline in entries:
+                e[f"{name} vs {baseline}"] = versus(result, entry, baseline, metric, resamples, budget)
         out["entries"][entry] = e
     return out
 
@@ -77,8 +62,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     try:
-        _, rows = read_ledger(a.ledger)
-        result = at_budget(rows, a.budget, a.baseline)
+        result = at_budget(read_ledger(a.ledger), a.budget, a.baseline)
     except (OSError, ValueError, KeyError) as e:
         print(f"study_at_budget: {a.ledger}: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
