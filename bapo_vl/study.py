@@ -14,11 +14,12 @@ equal rollouts.
 
 Evaluations. Each prompt of the held-out split (or of several, `--split test,val`: one pool of prompts) is answered
 once greedily and k times at temperature 1. Every checkpoint samples k = `--k` answers with one seed (eval_seed + 1)
-for every method, so the curves are paired by prompt and sampling seed; the final evaluations (the common budget, and an extended entry's last checkpoint) sample
-`--final-k` answers, with their own seed (eval_seed + 2; the checkpoint's when final_k = k): more samples where the
-methods are compared. The start policy is evaluated three times: "start" (k, the checkpoint seed: the curves' x = 0),
-"start_final" (final_k, the final seed: what every final evaluation is paired with) and "start_hard" (hard_k, an
-independent seed eval_seed + 1000), which alone defines the hard set H, the prompts it got 0/hard_k right. Then
+for every method, so the curves are paired by prompt and sampling seed; the final evaluations (the common budget, and
+an extended entry's last checkpoint) sample `--final-k` answers, with their own seed (eval_seed + 2; the checkpoint's
+when final_k = k): more samples where the methods are compared. The start policy is evaluated three times: "start"
+(k, the checkpoint seed: the curves' x = 0), "start_final" (final_k, the final seed: what every final evaluation is
+paired with) and "start_hard" (hard_k, an independent seed eval_seed + 1000), which alone defines the hard set H, the
+prompts it got 0/hard_k right. Then
 
     unlocked = |{p in H : correct(p) >= 1}| / |H|
 
