@@ -3,8 +3,10 @@ scoring and the update of the bundled policy and reports them; both reports read
 (one folder per machine) into the tables docs/results.md quotes. What needs a GPU (vLLM, verl, the bound's copy rate)
 is not run."""
 import json
+import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -243,6 +245,7 @@ def test_vl3b_run_reports_easyr1s_figures_and_the_ratio(vl3b_tiny, tmp_path):
             "--steps", steps, "--run-dir", tmp_path / name, "--out", files[name], "--set", *shrink, *extra, cwd=tmp_path)
     row, base = (json.loads(files[k].read_text()) for k in ("row", "base"))
     assert row["rc"] == 0 and row["weights"] == "random" and row["card"] == "cpu" and row["actor_mfu"] is None
+    assert row["peak_gpu_memory_gb"] is None and row["peak_gpu_memory_gb_by_card"] is None  # no nvidia-smi here
     # the record's figures, recomputed: prompt tokens of each step's fresh prompts (x G) + its responses
     db = tmp_path / "row" / "bench-vl3b-embedded1" / "run.db"
     conn = sqlite3.connect(db)
@@ -261,7 +264,34 @@ def test_vl3b_run_reports_easyr1s_figures_and_the_ratio(vl3b_tiny, tmp_path):
     assert len(rates) == 2 and abs(row["tokens_per_gpu_s"] - sorted(rates)[0] / 2 - sorted(rates)[1] / 2) < 1e-6
     out = json.loads(run(BENCH, "summary", files["row"], "--baseline", files["base"], cwd=tmp_path))
     assert out["row"] == "embedded (default engine)" and out["commit"] and out["date"] == row["date"]
+    assert "peak_gpu_memory_gb" in out
     assert out["tokens_per_gpu_s_x_baseline"] == row["tokens_per_gpu_s"] / base["tokens_per_gpu_s"]
     other = tmp_path / "other.json"  # the same figures from another card: no ratio
     other.write_text(json.dumps(dict(base, card="1 x NVIDIA H100 80GB HBM3")))
     assert json.loads(run(BENCH, "summary", files["row"], "--baseline", other))["tokens_per_gpu_s_x_baseline"] is None
+
+
+def test_peak_gpu_memory_is_the_most_each_card_used_while_the_run_ran(tmp_path, monkeypatch):
+    # Could fail if a poll replaced the peak instead of raising it, if the cards asked for were not passed to
+    # nvidia-smi, if MiB were not turned into GB, or if a card reporting [N/A] broke the parse. nvidia-smi cannot run
+    # without a GPU: a stand-in on PATH answers as it does, one line per card, a new reading on each call.
+    readings = tmp_path / "readings"
+    readings.write_text("0, 1000\n1, 4000\n--\n0, 3000\n1, [N/A]\n--\n0, 2000\n1, 500\n")
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(f"""#!/bin/sh
+echo "$@" >> {tmp_path}/args
+n=$(cat {tmp_path}/count 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/count
+awk -v n=$n 'BEGIN {{ RS = "--\\n" }} NR == n + 1 {{ printf "%s", $0 }}' {readings}
+""")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    with bench_backends().GpuMemoryPeak("0,1", every=0.05) as memory:
+        while not (tmp_path / "count").exists() or int((tmp_path / "count").read_text()) < 4:
+            time.sleep(0.02)
+    assert memory.peak_gb == pytest.approx({0: 3000 * 2 ** 20 / 1e9, 1: 4000 * 2 ** 20 / 1e9})
+    assert "-i 0,1" in (tmp_path / "args").read_text()
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    with bench_backends().GpuMemoryPeak("0") as memory:
+        pass
+    assert memory.peak_gb is None

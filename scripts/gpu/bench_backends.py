@@ -57,6 +57,7 @@ import statistics
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -111,6 +112,56 @@ MODELS = {  # the `models` subcommand's random-weight models, by shape
 def card() -> str:
     import torch
     return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0)}" if torch.cuda.is_available() else "cpu"
+
+
+class GpuMemoryPeak:
+    """The most memory each of `cards` (nvidia-smi's indices, comma-separated) had in use while the block ran, as
+    nvidia-smi reports it: every process on the card, vLLM's reserved pool included. Polled every `every` seconds in
+    a thread; `peak_gb` is {card: GB}, None where nvidia-smi is missing or never answered."""
+
+    def __init__(self, cards: str, every: float = 1.0):
+        self.cards, self.every = cards, every
+        self.peak: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+
+    def _poll(self):
+        while True:
+            try:
+                text = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits",
+                                       "-i", self.cards], capture_output=True, text=True, timeout=30).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                return  # no nvidia-smi (or a hung one): no figure, the run goes on
+            for index, mib in parse_memory_used(text).items():
+                self.peak[index] = max(self.peak.get(index, 0.0), mib)
+            if self._stop.wait(self.every):
+                return
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+
+    @property
+    def peak_gb(self) -> dict[int, float] | None:
+        return {i: mib * 2 ** 20 / 1e9 for i, mib in sorted(self.peak.items())} or None
+
+
+def parse_memory_used(text: str) -> dict[int, float]:
+    """{card index: MiB used} from `nvidia-smi --query-gpu=index,memory.used --format=csv,noheader,nounits` lines;
+    lines that are not two numbers (a card that reports [N/A]) are left out."""
+    out = {}
+    for line in text.splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 2 and parts[0].isdigit():
+            try:
+                out[int(parts[0])] = float(parts[1])
+            except ValueError:
+                continue
+    return out
 
 
 def build(shape: str, **change):
@@ -247,11 +298,12 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
         return
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=cuda or ",".join(str(i) for i in range(gpus)))
     t0 = time.time()
-    try:
-        proc = subprocess.run(cmd, env=env, timeout=timeout)
-        rc = proc.returncode
-    except subprocess.TimeoutExpired:
-        rc = "timeout"
+    with GpuMemoryPeak(env["CUDA_VISIBLE_DEVICES"]) as memory:
+        try:
+            proc = subprocess.run(cmd, env=env, timeout=timeout)
+            rc = proc.returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
     mode = {} if backend != "verl" else {
         "vllm_mode": "eager" if str(verl["actor_rollout_ref.rollout.enforce_eager"]).lower() == "true" else "cuda graphs"}
     db = run_dir / name / "run.db"
@@ -263,7 +315,8 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
             summary["easyr1_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), **provenance(), rc=rc,
                   wall_s=time.time() - t0, **mode, steps=steps, overrides=extra, weights="random", model=str(model_dir),
-                  **summary)
+                  peak_gpu_memory_gb=max(memory.peak_gb.values()) if memory.peak_gb else None,
+                  peak_gpu_memory_gb_by_card=memory.peak_gb, **summary)
     _write(out, result)
     if not keep_weights:  # a 2 B model's checkpoints (fp32 + AdamW) are tens of GB: a few runs fill a GPU machine's disk
         for folder in ("checkpoints", "final"):
@@ -357,7 +410,8 @@ def summary(result: dict, baseline: dict | None) -> dict:
     engine over the transformers engine: its speed-up). A failed run, or a baseline of another card or shape, gives
     no ratio."""
     keys = ("step_s", "generate_s", "verify_s", "train_s", "sync_s", "rollouts", "response_length", "prompt_tokens",
-            "tokens_per_gpu_s", "actor_mfu", "peak_flops", "steps_recorded", "error", "easyr1_error")
+            "tokens_per_gpu_s", "actor_mfu", "peak_flops", "peak_gpu_memory_gb", "steps_recorded", "error",
+            "easyr1_error")
     row = dict(kind="summary", row=label(result), shape=result["shape"], card=result["card"],
                date=result.get("date"), commit=result.get("commit"), weights=result.get("weights"), rc=result["rc"],
                gpus=result["gpus"], overrides=result.get("overrides") or [],
