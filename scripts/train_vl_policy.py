@@ -585,13 +585,16 @@ def main(argv=None):
     t0 = time.time()
     steps_done = 0
     mark, mark_step = t0, 0  # the step time is taken over the steps since the last log line, evaluation left out
+    data_wait = 0.0  # seconds spent waiting for the data workers' next batch since the last log line
     for step in range(args.steps if args.stop_after is None else args.stop_after):
         if step and args.max_seconds is not None and time.time() - t0 > args.max_seconds:
             stopped_early = True
             print(f"--max-seconds {args.max_seconds}: stopping after {step} steps", flush=True)
             break
         if fresh:
+            t_data = time.time()
             b = next(batches)
+            data_wait += time.time() - t_data
             inputs = model_inputs(b["ids"], b["types"], b["lengths"], b["grid"], data.codec.values(b["pix"], device),
                                   device, b["positions"], vision)
             y = b["labels"][:, :int(b["lengths"].max())].to(device)
@@ -620,13 +623,17 @@ def main(argv=None):
         if logged:
             lv = loss.item()  # waits for the step: the time below is the device's too
             step_s = (time.time() - mark) / (steps_done - mark_step)
+            # the host runs ahead of the device until it waits for data or for the loss above, so a data wait
+            # near the step time means the data workers bound the step (more --data-workers), near 0 the device
+            wait_s = data_wait / (steps_done - mark_step)
             log.append({"step": steps_done, "loss": round(lv, 5), "seconds": round(time.time() - t0, 1),
-                        "step_seconds": round(step_s, 4)})
+                        "step_seconds": round(step_s, 4), "data_wait_seconds": round(wait_s, 4)})
             line = f"step {steps_done}/{args.steps} loss {lv:.4f}"
             if head is not None:
                 log[-1] |= {"glyph_loss": round(glyph_loss.item(), 5), "glyph_acc": round(glyph_acc.item(), 4)}
                 line += f" glyph loss {log[-1]['glyph_loss']:.4f} acc {log[-1]['glyph_acc']:.3f}"
-            line += f" lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s {step_s * 1000:.0f} ms/step"
+            line += (f" lr {opt.param_groups[0]['lr']:.2e} {time.time() - t0:.0f}s {step_s * 1000:.0f} ms/step"
+                     f" ({wait_s * 1000:.0f} waiting for data)")
             if args.eval_every and (steps_done % args.eval_every == 0 or steps_done == args.steps):
                 r = accuracy(model, processor, during, device, bf16, eval_batch)
                 curve.append({"step": steps_done, f"greedy_acc_{EVAL_DURING}": r["acc"], "numbers_read": r["read"]})
@@ -641,7 +648,7 @@ def main(argv=None):
             (folder / "training.json").write_text(json.dumps({"step": steps_done, **snapshots[steps_done]}, indent=1))
             print(f"saved {folder}: {snapshots[steps_done]}", flush=True)
         if logged or steps_done in save_at:
-            mark, mark_step = time.time(), steps_done
+            mark, mark_step, data_wait = time.time(), steps_done, 0.0
     train_s = time.time() - t0
     if log and log[-1]["step"] != steps_done:
         log.append({"step": steps_done, "loss": round(loss.item(), 5), "seconds": round(train_s, 1)})

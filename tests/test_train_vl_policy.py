@@ -203,6 +203,11 @@ def test_trains_on_fresh_data(tmp_path):
                         "--data-workers", "1"])
     assert meta["data"] == "fresh" and meta["problems"] == 12 and meta["steps"] == 3
     assert "each drawn once" in (tmp_path / "p" / "TRAINING.md").read_text()
+    # the wait for the data workers is part of each logged step's time; step 1 waits for the worker to start and
+    # draw its first batch, so a wait that was not measured (0) fails
+    log = meta["loss_log"]
+    assert all(0 <= d["data_wait_seconds"] <= d["step_seconds"] for d in log), log
+    assert log[0]["data_wait_seconds"] > 0, log
 
 
 def test_training_batches_carry_the_positions_the_model_would_compute():
