@@ -6,6 +6,7 @@
     python scripts/bench_gpu.py engine --engine transformers --shape vl --model DIR/vl --source G3K --prompts 16 --out F.json
     python scripts/bench_gpu.py update --model DIR/text --out F.json             # 16 x 1,024 tokens
     python scripts/bench_gpu.py report F.json ... [bound.json ...]              # the table, ratios in the same run
+    python scripts/bench_gpu.py summary F.json --baseline B.json                # one update row as JSON, its ratio
 
 `engine`: the backend's own `engine.sample` (what `bapo train` calls; no behaviour scoring) on the shape's prompts x 8
 at temperature 1 until EOS or the response budget: tokens/s, ms per decode step (the wall time over the decode steps
@@ -36,7 +37,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
-from bench_backends import SHAPES, _write, card, card_model  # noqa: E402
+from bench_backends import SHAPES, _write, card, card_model, provenance  # noqa: E402
 
 from bapo_vl.perf import actor_mfu, peak_flops  # noqa: E402
 
@@ -232,7 +233,8 @@ def update_bench(a) -> dict:
     peak = peak_flops(card())
     memory = _memory()  # of the timed updates, before the profiled one
     syncs = sync_calls(lambda: backend.update(batch)) if a.sync_debug else {}
-    return dict(kind="update", card=card(), model=str(a.model), compiled=cfg.embedded.compile,
+    return dict(kind="update", card=card(), **provenance(), overrides=list(a.set), model=str(a.model),
+                compiled=cfg.embedded.compile,
                 mixed_precision=cfg.embedded.mixed_precision, sequences=16, tokens=tokens, seconds=seconds,
                 tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
                 mfu=flops / seconds / peak if peak else None,
@@ -358,6 +360,26 @@ def report(files: list[Path]):
                   f"({r['peak_reserved_GB'] / r['peak_allocated_GB']:.2f}x)" if "peak_allocated_GB" in r else ""))
 
 
+def update_label(r: dict) -> str:
+    """An update row's variant: its precision, and torch.compile where it was on."""
+    return " + ".join([r.get("mixed_precision", "autocast"), *(["torch.compile"] if r.get("compiled") else [])])
+
+
+def update_summary(result: dict, baseline: dict | None) -> dict:
+    """One update row of a benchmarks/ table: its figures and its speed over the baseline's (baseline seconds / row
+    seconds), both measured by the same command; no ratio across cards."""
+    keys = ("seconds", "tokens_per_s", "tflops", "mfu", "mfu_easyr1", "peak_allocated_GB", "peak_reserved_GB")
+    row = dict(kind="summary", row=f"update ({update_label(result)})", card=result["card"], date=result.get("date"),
+               commit=result.get("commit"), model=result["model"], overrides=result.get("overrides") or [],
+               **{k: result.get(k) for k in keys})
+    if baseline is not None:
+        row["baseline"] = dict(row=f"update ({update_label(baseline)})", card=baseline["card"],
+                               seconds=baseline["seconds"], mfu=baseline.get("mfu"))
+        same = card_model(result) == card_model(baseline) and result["model"] == baseline["model"]
+        row["speed_x_baseline"] = baseline["seconds"] / result["seconds"] if same else None
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -383,6 +405,9 @@ def main():
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--set", nargs="*", default=[], help="more Config fields, KEY=VALUE (e.g. device=cpu)")
     sub.add_parser("report").add_argument("files", type=Path, nargs="+")
+    m = sub.add_parser("summary", help="one update row as JSON, with its speed over --baseline's")
+    m.add_argument("result", type=Path)
+    m.add_argument("--baseline", type=Path, help="an update result of the same command to take the ratio against")
     a = ap.parse_args()
     if a.cmd == "engine":
         _write(a.out, engine_bench(a))
@@ -390,6 +415,9 @@ def main():
         _write(a.out, score_bench(a))
     elif a.cmd == "update":
         _write(a.out, update_bench(a))
+    elif a.cmd == "summary":
+        print(json.dumps(update_summary(json.loads(a.result.read_text()),
+                                        json.loads(a.baseline.read_text()) if a.baseline else None), indent=1))
     else:
         report(a.files)
 

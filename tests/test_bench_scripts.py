@@ -295,3 +295,40 @@ awk -v n=$n 'BEGIN {{ RS = "--\\n" }} NR == n + 1 {{ printf "%s", $0 }}' {readin
     with bench_backends().GpuMemoryPeak("0") as memory:
         pass
     assert memory.peak_gb is None
+
+
+def test_update_benchmark_prints_the_compiled_row_against_the_compute_copy(tmp_path):
+    # Could fail if benchmarks/update.sh stopped measuring both arms in one invocation, if the summary's ratio were
+    # not the baseline's seconds over the row's, or if it were taken across cards.
+    env = dict(os.environ, BENCH_DIR=str(tmp_path), REPEAT="1", SET="device=cpu dtype=bfloat16")
+    out = subprocess.run(["bash", ROOT / "benchmarks" / "update.sh", POLICY], capture_output=True, text=True,
+                         timeout=900, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    row, base = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("compute-copy-compiled", "compute-copy"))
+    assert row["compiled"] and not base["compiled"] and row["mixed_precision"] == base["mixed_precision"] == "compute_copy"
+    assert summary["row"] == "update (compute_copy + torch.compile)" and summary["baseline"]["row"] == "update (compute_copy)"
+    assert summary["speed_x_baseline"] == base["seconds"] / row["seconds"]
+    assert summary["card"] == "cpu" and summary["date"] == row["date"] and summary["commit"]
+    other = tmp_path / "other.json"  # the baseline measured on another card: no ratio
+    other.write_text(json.dumps(dict(base, card="1 x NVIDIA H200")))
+    again = run(ROOT / "scripts" / "bench_gpu.py", "summary", tmp_path / "compute-copy-compiled.json", "--baseline", other)
+    assert json.loads(again)["speed_x_baseline"] is None
+
+
+def test_text_benchmark_reports_a_failed_engine_row_without_a_ratio(tmp_path):
+    # Could fail if a failed `bapo train` were recorded with exit status 0 (the row would look like a run that left no
+    # record), or if the summary took a ratio against a run that failed. vLLM is not installed here, so the vLLM row
+    # fails on CPU as it would on a machine without it; the transformers row runs.
+    shrink = "device=cpu batch_size=2 group_size=2 max_response_length=8 mini_batch_size=2 micro_batch_size=2"
+    env = dict(os.environ, BENCH_DIR=str(tmp_path), STEPS="2", SET=shrink)
+    out = subprocess.run(["bash", ROOT / "benchmarks" / "text.sh", POLICY], capture_output=True, text=True,
+                         timeout=900, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    base = json.loads((tmp_path / "embedded-transformers.json").read_text())
+    assert base["rc"] == 0 and base["tokens_per_gpu_s"] > 0
+    assert summary["row"] == "embedded (vllm engine)" and summary["rc"] not in (0, None)
+    assert summary["baseline"]["tokens_per_gpu_s"] == base["tokens_per_gpu_s"]
+    assert summary["tokens_per_gpu_s_x_baseline"] is None
+    assert "rollout_engine=vllm needs vLLM" in (tmp_path / "embedded-vllm.log").read_text()

@@ -254,8 +254,9 @@ def command(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, so
     if source:
         bapo["task_options"] = {"source": source}
     if backend == "embedded":
-        return name, [sys.executable, "-c", "from bapo_vl.cli import main; main()", "train", "--preset",
-                      spec["preset"], *[f"{k}={_arg(v)}" for k, v in bapo.items()]], {}
+        cli = "import sys; from bapo_vl.cli import main; sys.exit(main())"  # main() returns the exit status
+        return name, [sys.executable, "-c", cli, "train", "--preset", spec["preset"],
+                      *[f"{k}={_arg(v)}" for k, v in bapo.items()]], {}
     from bapo_vl.config import BACKEND_OF
 
     for key in ["device", *(k for k in bapo if BACKEND_OF.get(k) == "embedded")]:
