@@ -208,7 +208,7 @@ class EmbeddedBackend:
                         if options.mixed_precision == "compute_copy" and self.autocast_dtype is not None else None)
         self.trained = self.compute.model if self.compute is not None else self.policy
         if options.compile:
-            compile_blocks(self.trained)
+            log.info("compile=true: %d blocks of the updated model under torch.compile", compile_blocks(self.trained))
         self.critic = ValueModel(self.policy).to(self.device) if optim.critic else None
         self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=optim.critic_lr,
                                                    weight_decay=optim.weight_decay) if self.critic else None)
@@ -435,7 +435,7 @@ class EmbeddedBackend:
         lengths = [len(responses[i]) for i in micro]
         R = max(lengths)
         rows = self._to_device(torch.tensor(micro))
-        cut = lambda t: None if t is None else t.to(self.device).index_select(0, rows)[:, :R]  # noqa: E731
+        cut = lambda t: None if t is None else t.index_select(0, rows)[:, :R]  # noqa: E731 - terms are on the device
         batch = self._collate([prompts[i] for i in micro], [responses[i] for i in micro])
         logp, entropy = self._token_logprobs(self.trained, batch, lengths, with_entropy=True)
         loss, metrics = total_loss(logp, cut(terms["old"]), cut(terms["adv"]), cut(terms["mask"]), self.loss,
