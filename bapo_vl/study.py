@@ -35,12 +35,13 @@ interrupted study loses at most the evaluations in flight). Each is also written
 step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger. `--entry
 NAME="key=value ..."` adds a grid entry of one's own (a learning-rate pilot: `--entry lr1e-5="algo=grpo lr=1e-5"`).
 
-Parallel runs. `--jobs N` (N > 1): the start policy is evaluated here, then every (entry, seed) with evaluations
-missing runs as its own process (`python -m bapo_vl.study` with the same settings, `--algos ENTRY --seeds SEED
---jobs 1 --no-report`), at most N at once, each appending its rows to the same ledger and its output to
-RUNS/logs/ENTRY-sSEED.log; the report is written here from the ledger once all have ended. Children take turns on
-the visible GPUs when there are several, and share the CPU cores (OMP_NUM_THREADS = cores // N, at most this
-process's torch threads).
+Parallel runs. `--jobs N` (N > 1): the start policy is evaluated in a process of its own (`--start-only`,
+RUNS/logs/start.log: no model or vLLM engine stays in this one while the runs share the cards), then every (entry,
+seed) with evaluations missing runs as its own process (`python -m bapo_vl.study` with the same settings, `--algos
+ENTRY --seeds SEED --jobs 1 --no-report`), at most N at once, each appending its rows to the same ledger and its
+output to RUNS/logs/ENTRY-sSEED.log; the report is written here from the ledger once all have ended. Children take
+turns on the visible GPUs when there are several, and share the CPU cores (OMP_NUM_THREADS = cores // N, at most
+this process's torch threads).
 """
 from __future__ import annotations
 
@@ -250,6 +251,8 @@ class StudyOptions:
     """(entry, seed) runs at once, each its own process (run_parallel); 1: one after another in this process"""
     report: bool = True
     """write results.md, plots and results.json (--no-report: the ledger only, as --jobs children do)"""
+    start_only: bool = False
+    """evaluate the start policy into the ledger and stop (--jobs does it in a process of its own)"""
 
     def __post_init__(self):
         self.final_k = self.k if self.final_k is None else self.final_k
@@ -492,6 +495,9 @@ def run_study(opts: StudyOptions, say=print) -> dict:
     ledger = Ledger(Path(opts.runs) / "study.jsonl", settings)
     start_evals = ((START, opts.k, opts.checkpoint_seed), (START_FINAL, opts.final_k, opts.final_seed),
                    (START_HARD, opts.hard_k, opts.hard_seed))
+    if opts.jobs > 1 and any(ledger.get(name, None, 0) is None for name, *_ in start_evals):
+        run_start_child(opts, say)  # then the loop below finds every start row in the ledger
+        ledger = Ledger(ledger.path, settings)
     for name, k, seed in start_evals:
         if ledger.get(name, None, 0) is not None:
             continue
@@ -506,6 +512,8 @@ def run_study(opts: StudyOptions, say=print) -> dict:
             found |= {key: ledger.get(START, None, 0)[key] for key in ("greedy", "greedy_counts")}
         ledger.add({"entry": name, "seed": None, "budget": 0, "step": 0, "rollouts": 0, "optimizer_steps": 0,
                     "train_seconds": 0.0, "device": device(cfg.run.device), **found})
+    if opts.start_only:
+        return {}
     hard = hard_set(ledger.get(START_HARD, None, 0)["counts"])
     if opts.jobs > 1:  # every run in its own process; then the loop below finds everything in the ledger
         run_parallel(opts, [(e, s) for e in opts.algos for s in opts.seeds
@@ -588,6 +596,28 @@ def run_parallel(opts: StudyOptions, pairs: list[tuple[str, int]], say=print) ->
     if failed:
         raise RuntimeError(f"{len(failed)} of {len(pairs)} study runs failed: {'; '.join(failed)}. The evaluations "
                            f"they finished are in the ledger: the same command again continues")
+
+
+def run_start_child(opts: StudyOptions, say=print) -> None:
+    """--jobs: the start policy's evaluations in a process of their own (RUNS/logs/start.log) on the first visible
+    card, so that this process never holds a model or a vLLM engine while the runs share the cards. Raises naming
+    the log if it failed."""
+    logs = Path(opts.runs) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    threads = str(torch.get_num_threads())  # this process's own: the numbers it would have computed itself
+    env = {**os.environ, "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+    if gpus := child_gpus(base_config(opts).run.device):
+        env["CUDA_VISIBLE_DEVICES"] = gpus[0]
+    argv, log = child_argv(opts, opts.algos[0], opts.seeds[0]) + ["--start-only"], logs / "start.log"
+    t0 = time.perf_counter()
+    with open(log, "a") as f:
+        f.write(shlex.join(argv) + "\n")
+        f.flush()
+        rc = subprocess.run(argv, stdout=f, stderr=subprocess.STDOUT, env=env).returncode
+    say(f"start policy: rc {rc}, {time.perf_counter() - t0:.1f} s ({log})")
+    if rc != 0:
+        raise RuntimeError(f"the start policy's evaluation failed (rc {rc}, log {log}); the evaluations it finished "
+                           f"are in the ledger: the same command again continues")
 
 
 def refuse_sleeping_engines_sharing_a_card(opts: StudyOptions, cfg: Config) -> None:
@@ -1245,6 +1275,8 @@ def parse_args(argv: list[str]) -> StudyOptions:
                     help="(entry, seed) runs at once, each its own process (default %(default)s: one after another)")
     ap.add_argument("--no-report", action="store_true",
                     help="train and evaluate into the ledger only (--jobs children)")
+    ap.add_argument("--start-only", action="store_true",
+                    help="evaluate the start policy into the ledger and stop (what --jobs runs in its own process)")
     a = ap.parse_args(argv)
     entries = dict(parse_entry(x) for x in a.entry)
     if len(entries) < len(a.entry):
@@ -1257,7 +1289,8 @@ def parse_args(argv: list[str]) -> StudyOptions:
                         split=a.split, source=a.source, limit=a.limit, preset=a.preset, overrides=a.overrides,
                         runs=a.runs, out=a.out, eval_seed=a.eval_seed, eval_batch_size=a.eval_batch_size,
                         baseline=a.baseline, keep_checkpoints=a.keep_checkpoints, jobs=a.jobs,
-                        report=not a.no_report, command="python scripts/study.py " + shlex.join(argv))
+                        report=not a.no_report, start_only=a.start_only,
+                        command="python scripts/study.py " + shlex.join(argv))
 
 
 def without_counts(result: dict) -> dict:
@@ -1280,7 +1313,7 @@ def plain(x):
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
     result = run_study(opts, say=lambda line: print(line, file=sys.stderr, flush=True))
-    if not opts.report:
+    if not opts.report or opts.start_only:
         return 0
     out = Path(opts.out or Path("docs/study") / Path(result["settings"]["config"]["model"]).name)
     out.mkdir(parents=True, exist_ok=True)

@@ -181,6 +181,9 @@ def test_jobs_runs_every_entry_and_seed_in_its_own_process_with_the_sequential_n
     assert main(argv("parallel", 2)) == 0
     err = capsys.readouterr().err
     logs = tmp_path / "parallel" / "logs"
+    # the start policy evaluated in a process of its own (this one holds no model while the runs share the cards)
+    assert "start policy: rc 0, " in err and "evaluating the start policy" in (logs / "start.log").read_text()
+    assert err.count("evaluating the start policy") == 2  # the sequential study's own two (start, start_hard)
     for entry in ("grpo", "bapo"):
         assert f"{entry} seed 0: rc 0, " in err, entry
         assert "rollouts at step" in (logs / f"{entry}-s0.log").read_text()  # the child's own output
