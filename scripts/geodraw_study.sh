@@ -16,7 +16,8 @@
 #           through the update, so several share a card)
 # Environment: SEEDS (default 0,1,2), BUDGET (default 15360), LIMIT (held-out prompts per split, default 500),
 # DATA_WORKERS (processes drawing the policy's training problems, default 14), VERL=1 and VERL_GPUS (default 2),
-# EMBEDDED=0 (skip stage 2), DEVICE (default cuda), EXTRA (more key=value settings for every run, separated by spaces, none inside a value).
+# EMBEDDED=0 (skip stage 2), DEVICE (default cuda), EXTRA (more key=value settings for every run, separated by
+# spaces, none inside a value).
 set -euo pipefail
 WORK=$1; JOBS=${2:-6}; SEEDS=${SEEDS:-0,1,2}; BUDGET=${BUDGET:-15360}; DOCS=${DOCS:-$WORK/report}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -29,7 +30,8 @@ SETTINGS=(task=geodraw "task_options={template: letter}" max_pixels=50176 max_pr
   bash "$ROOT/scripts/build_geodraw_policy.sh" "$P" --eval-every 600 --log-every 100 --cpu-threads 1 \
   --data-workers "${DATA_WORKERS:-14}" --eval-problems 500 --no-deterministic
 
-[ "${EMBEDDED:-1}" = 0 ] || python3 "$ROOT/scripts/study.py" --algos grpo,bapo --seeds "$SEEDS" --budget "$BUDGET" --checkpoints 2 --spacing log \
+[ "${EMBEDDED:-1}" = 0 ] || python3 "$ROOT/scripts/study.py" --algos grpo,bapo --seeds "$SEEDS" --budget "$BUDGET" \
+  --checkpoints 2 --spacing log \
   --k 8 --final-k 16 --hard-k 32 --split test,val --limit "${LIMIT:-500}" --eval-batch-size 512 --jobs "$JOBS" \
   --runs "$WORK/study" --out "$DOCS" device="${DEVICE:-cuda}" "${SETTINGS[@]}" generate_batch_size=512 \
   score_batch_size=512 micro_batch_size=256 rollout_engine=vllm \
