@@ -27,7 +27,8 @@ the results printed and says they were not recorded (exit status 1).
 With --against BEFORE.json (an earlier `--out` file, e.g. of the start policy) each set shared by both also gets
 the paired difference of mean@k, this evaluation minus that one, over the problems both evaluated, with a 95 %
 bootstrap interval over problems and its two-sided p (bapo_vl.stats): "did training change this policy?" on the
-same held-out problems. The file is read before anything is computed.
+same held-out problems; with several sets, also over all of their problems as one pool. The file is read before
+anything is computed.
 """
 from __future__ import annotations
 
@@ -398,10 +399,10 @@ def check_against(base: dict, file: str, task: str, sets) -> list[str]:
 
 def paired_against(result: dict, base: dict, file: str, shared: list[str], n_resamples: int = 10_000) -> dict:
     """This evaluation minus `base`, per shared set (check_against's): mean@k paired by problem uid, with a
-    bootstrap interval."""
+    bootstrap interval; with several sets paired, also over all their problems as one pool ("pooled")."""
     from bapo_vl.stats import hierarchical_bootstrap_diff
 
-    out = {}
+    out, pool_a, pool_b = {}, [], []
     for name in shared:
         mine, theirs = result["sets"][name]["problems"], base["sets"][name]["problems"]
         uids = [u for u in mine if u in theirs]
@@ -410,10 +411,18 @@ def paired_against(result: dict, base: dict, file: str, shared: list[str], n_res
             continue
         a = [[mine[u] / result["k"] for u in uids]]
         b = [[theirs[u] / base["k"] for u in uids]]
+        pool_a += a[0]
+        pool_b += b[0]
         d = hierarchical_bootstrap_diff(a, b, n_resamples=n_resamples)
         out[name] = {"diff": d["diff"], "low": d["low"], "high": d["high"], "p": d["p"], "problems": len(uids),
                      "only_here": len(mine) - len(uids), "only_there": len(theirs) - len(uids)}
-    return {"file": file, "k": base["k"], "temperature": base.get("temperature"), "sets": out}
+    paired = [name for name in out if "diff" in out[name]]
+    pooled = None
+    if len(paired) > 1:  # the sets as one pool of problems: one interval over all of them
+        d = hierarchical_bootstrap_diff([pool_a], [pool_b], n_resamples=n_resamples)
+        pooled = {"sets": paired, "diff": d["diff"], "low": d["low"], "high": d["high"], "p": d["p"],
+                  "problems": len(pool_a)}
+    return {"file": file, "k": base["k"], "temperature": base.get("temperature"), "sets": out, "pooled": pooled}
 
 
 def run_eval(opts: EvalOptions) -> dict:
@@ -465,6 +474,9 @@ def print_result(result: dict) -> None:
                     if d["only_here"] or d["only_there"] else "")
         print(f"{name} against {against['file']} (k={against['k']}): \u0394 mean@k {d['diff']:+.3f} "
               f"[{d['low']:+.3f}, {d['high']:+.3f}], p {d['p']:.4f}, {d['problems']} problems paired{unpaired}")
+    if against and (d := against.get("pooled")):
+        print(f"{' + '.join(d['sets'])} pooled against {against['file']} (k={against['k']}): \u0394 mean@k "
+              f"{d['diff']:+.3f} [{d['low']:+.3f}, {d['high']:+.3f}], p {d['p']:.4f}, {d['problems']} problems paired")
     if result["run"]:
         print(f"recorded in {result['run']} (evals table) at step {result['step']}")
     if result["not_recorded"]:

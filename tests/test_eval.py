@@ -172,6 +172,28 @@ def test_against_an_earlier_evaluation_pairs_by_problem(tmp_path, capsys):
         assert len(err.splitlines()) == 1 and all(w in err for w in words), err
 
 
+def test_against_pools_several_sets_into_one_paired_difference(tmp_path, capsys):
+    # Could fail if the pooled difference left out a set's problems, paired them by position rather than by set and
+    # uid, or were given for a single set (where the set's own line is the answer).
+    args = ["eval", "countdown-tiny", "--task", "countdown", "--template", "compact", "--k", "1", "--temperature",
+            "0", "--max-new-tokens", "40", "--device", "cpu", "--quiet", "--limit", "6"]
+    before = tmp_path / "before.json"
+    assert main([*args, "--splits", "cd34,cd4", "--out", str(before)]) == 0
+    base = json.loads(before.read_text())
+    zero = dict(base, sets={name: dict(m, problems={u: 0 for u in m["problems"]}) for name, m in base["sets"].items()})
+    (tmp_path / "zero.json").write_text(json.dumps(zero))
+    out = tmp_path / "out.json"
+    assert main([*args, "--splits", "cd34,cd4", "--against", str(tmp_path / "zero.json"), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    pooled = result["against"]["pooled"]
+    every = [c for m in result["sets"].values() for c in m["problems"].values()]
+    assert pooled["sets"] == ["cd34", "cd4"] and pooled["problems"] == len(every) == 12
+    assert pooled["diff"] == pytest.approx(sum(every) / 12) and pooled["low"] <= pooled["diff"] <= pooled["high"]
+    assert "cd34 + cd4 pooled against" in capsys.readouterr().out
+    assert main([*args, "--splits", "cd34", "--against", str(before), "--out", str(out)]) == 0
+    assert json.loads(out.read_text())["against"]["pooled"] is None
+
+
 def test_against_a_base_of_other_problems_keeps_the_evaluation(tmp_path, capsys):
     # Could fail if a base sharing the set but no problem made the evaluation itself fail or go unwritten.
     args = ["eval", "countdown-tiny", "--task", "countdown", "--template", "compact", "--splits", "cd34",
