@@ -130,7 +130,7 @@ def _clipped_surrogate(
     """PPO loss max(−A·ρ, −A·clip(ρ, c_low, c_high)), optionally capped at −A·c for A < 0 (dual clip).
 
     Bounds are on the ratio itself. clip_frac counts the valid tokens whose gradient the clip removed (either
-    branch); clip_frac_dual the part due to the dual clip.
+    branch); clip_frac_dual the part due to the dual clip; ratio_max is the largest ratio of a valid token.
     """
     pg_loss1 = -adv * ratio  # (B, T)
     pg_loss2 = -adv * ratio.clamp(c_low, c_high)  # (B, T)
@@ -146,6 +146,8 @@ def _clipped_surrogate(
         clip_frac=_masked_mean((clipped | dual).to(m.dtype), m),
         clip_frac_dual=_masked_mean(dual.to(m.dtype), m),
         ratio_mean=_masked_mean(ratio.detach(), m),
+        # the largest over valid tokens: a few tokens far off the behaviour policy hide in the mean
+        ratio_max=torch.where(m > 0, ratio.detach(), torch.zeros_like(ratio)).amax(),
     )
 
 

@@ -109,6 +109,7 @@ def test_ppo_clip_by_hand_with_grad_mask_and_clip_frac():
     # 7 valid tokens, 2 clipped (1.5 for A>0, 0.5 for A<0); ratio mean (1+1.5+0.5 + 1+1.5+0.5+4)/7 = 10/7
     assert m["clip_frac"] == pytest.approx(2 / 7)
     assert m["ratio_mean"] == pytest.approx(10 / 7)
+    assert m["ratio_max"] == pytest.approx(4.0)  # the largest valid token's; the masked one is left out
     assert m["clip_frac_dual"] == 0.0
 
 
@@ -572,3 +573,15 @@ def test_value_loss_matches_verl(agg):
     want, frac = compute_value_loss(new, ret, old, mask, cliprange_value=0.5, loss_agg_mode=agg)
     torch.testing.assert_close(loss, want)
     assert m["vf_clipfrac"] == pytest.approx(float(frac)) and 0 < m["vf_clipfrac"] < 1
+
+
+def test_an_updates_largest_ratio_is_the_largest_of_its_micro_batches():
+    # Could fail if the embedded update averaged the largest ratio like the per-token means (a token 800x off the
+    # behaviour policy in one micro-batch of four would show as ~200), or mixed it into the token-weighted means.
+    from bapo_vl.backends.embedded import _combine
+
+    micro = [dict(loss=T(0.5), pg_loss=T(0.5), kl=T(0.0), entropy=T(0.1), ratio_mean=T(r), ratio_max=T(top),
+                  clip_frac=T(0.0), n_valid_tokens=T(n)) for r, top, n in ((1.0, 1.2, 30.0), (2.0, 800.0, 10.0))]
+    out = _combine(micro)
+    assert out["ratio_max"].item() == 800.0 and out["loss"].item() == 1.0
+    assert out["ratio_mean"].item() == pytest.approx((1.0 * 30 + 2.0 * 10) / 40)

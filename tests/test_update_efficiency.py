@@ -389,13 +389,19 @@ def test_compiled_blocks_give_the_eager_logprobs_and_gradients_and_sampling_stay
         for k, want in grads[0].items():
             torch.testing.assert_close(grads[1][k], want, rtol=1e-4, atol=1e-5 * float(want.abs().max()), msg=k)
     else:  # bf16 rounds differently where inductor keeps an intermediate in fp32: compiling may move the update
-        # away from the fp32 one by about as much as eager bf16 does, not more
-        def error(i, k):
-            return float((grads[i][k] - grads[2][k]).norm() / grads[2][k].norm())
+        # away from the fp32 one by about as much as eager bf16 does, not more. Measured on the whole gradient: one
+        # small tensor's (a bias summed over 13 tokens) relative error is rounding noise that varies with the CPU's
+        # vector width; a gradient that did not arrive is off by 1.0 whatever its size.
+        flat = [torch.cat([g[k].flatten() for k in grads[2]]) for g in grads]
+
+        def error(i, k=None):
+            got, want = (flat[i], flat[2]) if k is None else (grads[i][k], grads[2][k])
+            return float((got - want).norm() / want.norm())
 
         assert abs(losses[1] - losses[2]) <= 2 * abs(losses[0] - losses[2]) + 0.01
+        assert error(1) <= 2 * error(0) + 0.01, (error(1), error(0))
         for k in grads[0]:
-            assert error(1, k) <= 2 * error(0, k) + 0.01, (k, error(1, k), error(0, k))
+            assert error(1, k) < 0.25, (k, error(1, k), error(0, k))
 
     graphs = counters["stats"]["unique_graphs"]
     assert compiled.rollout is not compiled.policy  # alpha, a copy made before compiling, samples: eager anyway

@@ -50,18 +50,28 @@ LOGIT_FLOATS = 512 * 151_936
 
 
 ADDITIVE = ("loss", "pg_loss", "kl", "entropy")  # micro-batch terms that add up to the mini-batch's
+LARGEST = ("ratio_max",)  # taken as the largest over micro-batches, mini-batches and epochs
 
 
 def _combine(micro_metrics: list[dict]) -> dict:
-    """Mini-batch metrics: additive loss terms summed, per-token means (clip_frac, ...) token-weighted. The values
-    are 0-d tensors (total_loss's, on the device) or numbers; so is the result, computed without a device sync."""
+    """Mini-batch metrics: additive loss terms summed, maxima (LARGEST) the largest, per-token means (clip_frac,
+    ...) token-weighted. The values are 0-d tensors (total_loss's, on the device) or numbers; so is the result,
+    computed without a device sync."""
     n = sum(m["n_valid_tokens"] for m in micro_metrics)
     n = n.clamp(min=1) if isinstance(n, torch.Tensor) else (n or 1)
     out = {k: sum(m[k] for m in micro_metrics) for k in ADDITIVE}
+    out |= {k: _largest([m[k] for m in micro_metrics]) for k in LARGEST if k in micro_metrics[0]}
     for k in micro_metrics[0]:
-        if k not in ADDITIVE and k != "n_valid_tokens":
+        if k not in ADDITIVE and k not in LARGEST and k != "n_valid_tokens":
             out[k] = sum(m[k] * m["n_valid_tokens"] for m in micro_metrics) / n
     return out
+
+
+def _largest(values: list):
+    """The largest of 0-d tensors (on the device, no sync) or numbers."""
+    if isinstance(values[0], torch.Tensor):
+        return torch.stack([torch.as_tensor(v, device=values[0].device) for v in values]).amax()
+    return max(values)
 
 
 def response_positions(lengths: list[int], P: int, L: int) -> torch.Tensor:
@@ -422,7 +432,8 @@ class EmbeddedBackend:
                                                       batch.step)
         if not per_mini:
             return {}
-        out = to_host({k: sum(m[k] for m in per_mini) / len(per_mini) for k in per_mini[0]})  # the one transfer
+        out = to_host({k: _largest([m[k] for m in per_mini]) if k in LARGEST else sum(m[k] for m in per_mini) /
+                       len(per_mini) for k in per_mini[0]})  # the one transfer
         out["skipped_steps"] = sum(not math.isfinite(m["grad_norm"]) for m in per_mini)  # clipped_step skipped them
         out["optimizer_steps"] = len(per_mini) - out["skipped_steps"]
         out["lr"] = lr

@@ -110,7 +110,8 @@ def compute_policy_loss_balanced_clip(old_log_prob, log_prob, advantages, respon
         losses = losses * rollout_is_weights
     batch_info = config.global_batch_info if config is not None else {}
     pg_loss = agg_loss(loss_mat=losses, loss_mask=response_mask, loss_agg_mode=loss_agg_mode, **batch_info)
-    return pg_loss, {f"actor/{k}": v for k, v in metrics.items()}
+    # verl averages a metric over micro-batches: a largest ratio would come out as a mean of maxima, so it stays out
+    return pg_loss, {f"actor/{k}": v for k, v in metrics.items() if k != "ratio_max"}
 
 
 def logprobs_by_chunks(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
