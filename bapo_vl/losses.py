@@ -155,6 +155,13 @@ def _log_ratio(logp: Tensor, old_logp: Tensor) -> Tensor:
     return (logp - old_logp).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)  # (B, T)
 
 
+def largest_ratio_per_row(logp: Tensor, old_logp: Tensor, mask: Tensor) -> Tensor:
+    """(B,) the largest token ratio exp(logp − old_logp) of each row's valid tokens (0 for a row without any):
+    how far the policy has moved from the one that sampled each response, where the update can see it."""
+    logratio = _log_ratio(logp.detach(), old_logp)
+    return torch.where(mask > 0, logratio.exp(), torch.zeros_like(logratio)).amax(-1)
+
+
 @register_policy_loss("ppo_clip")
 def ppo_clip_loss(logp: Tensor, old_logp: Tensor, adv: Tensor, mask: Tensor, cfg: LossConfig):
     """Token-level PPO clip (paper eq. 1, DAPO clip-higher via ε_low ≠ ε_high), ρ = exp(logp − old_logp)."""

@@ -231,9 +231,10 @@ class Trainer:
         th = self.state.thresholds
         return sample_replay(self.state.high, room, th.c2, th.c3, exclude, self.state.rng)
 
-    def train_on(self, batch: list[Group], step: int) -> dict:
+    def train_on(self, batch: list[Group], step: int, sources: tuple[str, ...] | None = None) -> dict:
         """Steps 8-9: GRPO advantages per group, then the clipped update against stored log-probs. With a critic
-        (BA-PPO) the advantage is left to the backend, which computes GAE from its value model and the rewards."""
+        (BA-PPO) the advantage is left to the backend, which computes GAE from its value model and the rewards.
+        `sources` names each group's source ("x1", "x2", "x3") for the backend's metrics by source."""
         if not batch:
             return {}
         for g in batch:  # replayed groups were stored without their encoding
@@ -244,7 +245,7 @@ class Trainer:
             prompts=tuple(g.prompt for g in batch),
             responses=tuple(tuple(Response(tuple(s.tokens), tuple(s.logprobs)) for s in g.samples) for g in batch),
             rewards=tuple(tuple(g.rewards) for g in batch),
-            advantages=None if adv is None else tuple(tuple(row) for row in adv.tolist()), step=step)
+            advantages=None if adv is None else tuple(tuple(row) for row in adv.tolist()), step=step, sources=sources)
         t0 = time.perf_counter()
         result = self.backend.update(update)
         self.timings["train"] += time.perf_counter() - t0
@@ -272,7 +273,8 @@ class Trainer:
         x3 = self.replay(self.batch_size - len(x1) - len(x2), exclude=in_batch)  # 6
         batch = x1 + x2 + x3  # 7
         c2, c3 = th.c2, th.c3  # the thresholds this step used
-        train_metrics = self.train_on(batch, t)  # 8, 9
+        sources = ("x1",) * len(x1) + ("x2",) * len(x2) + ("x3",) * len(x3)
+        train_metrics = self.train_on(batch, t, sources)  # 8, 9
         th.observe([r for g in fresh for r in g.rewards])  # 10
         for g in fresh + reevaluated + x3:  # buffers keep responses and log-probs, not the (large) prompt encodings
             g.prompt = None

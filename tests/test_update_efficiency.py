@@ -1,6 +1,8 @@
 """The embedded backend's log-probs, entropy, loss and gradients against a plain reference computation (full-sequence
 logits -> float64 log_softmax -> gather), for the bundled text policy (float32, and bf16 under both mixed_precision
 settings) and a tiny Qwen2.5-VL, and the LM head applied to exactly the response tokens (CPU)."""
+import dataclasses
+import math
 from collections import Counter
 
 import pytest
@@ -429,3 +431,31 @@ def test_compiled_vl_blocks_give_the_eager_logprobs(tmp_path, geometry3k_source)
     torch.testing.assert_close(compiled.score(compiled.trained, prompts, responses),
                                eager.score(eager.trained, prompts, responses), **TOL)
     assert counters["stats"]["unique_graphs"] >= 2  # a vision block and a decoder layer
+
+
+def test_the_largest_ratio_of_each_source_is_the_one_its_rows_had(tmp_path):
+    # Could fail if the largest ratio by source mixed up rows and sources (rows are regrouped by length for the
+    # micro-batches), averaged where it should take the largest, or measured something other than
+    # pi_theta / behaviour. Behaviour log-probs are the policy's own, lowered by a known amount on one token of each
+    # source's group; one mini-batch, so the ratio is measured before the policy moves: exactly exp(that amount).
+    from bapo_vl.backends.base import Response, UpdateBatch
+
+    backend = make("countdown-tiny", tmp_path, micro_batch_size=2, mini_batch_size=8)
+    problems = get_task("countdown").load(split="train", template="compact")[:3]
+    prompts = [backend.encode(p) for p in problems]
+    responses = [[(40, 41, 42), (43, 44)], [(45,), (46, 47, 48, 49)], [(50, 51), (52, 53, 54, 55, 56)]]
+    flat = [r for rs in responses for r in rs]
+    behaviour = backend.score(backend.policy, [p for p in prompts for _ in range(2)], flat)
+    lowered = {(0, 1, 0): 1.0, (1, 1, 3): 0.0, (2, 0, 1): 3.0, (2, 1, 4): 2.0}  # (group, response, token): nats
+    groups = tuple(tuple(Response(r, tuple(v - lowered.get((g, i, t), 0.0)
+                                           for t, v in enumerate(behaviour[g * 2 + i, :len(r)].tolist())))
+                         for i, r in enumerate(rs)) for g, rs in enumerate(responses))
+    batch = UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=((1.0, 0.0), (0.0, 1.0), (1.0, 0.0)),
+                        advantages=((1.0, -1.0), (-1.0, 1.0), (1.0, -1.0)), step=1, sources=("x1", "x2", "x3"))
+    metrics = backend.update(batch).metrics
+    assert metrics["ratio_max_x1"] == pytest.approx(math.exp(1.0), rel=1e-4)
+    assert metrics["ratio_max_x2"] == pytest.approx(1.0, rel=1e-4)
+    assert metrics["ratio_max_x3"] == pytest.approx(math.exp(3.0), rel=1e-4)
+    assert metrics["ratio_max"] == pytest.approx(math.exp(3.0), rel=1e-4)
+    unnamed = dataclasses.replace(batch, sources=None)  # a batch that does not say its sources: no metrics by source
+    assert not any(k.startswith("ratio_max_") for k in backend.update(unnamed).metrics)

@@ -82,6 +82,7 @@ class UpdateBatch:
     rewards[i]     one 0/1 reward per response
     advantages[i]  one advantage per response (GRPO's group baseline); None: the backend derives its own (critic)
     step           the training step this update belongs to (verl logs it as global_steps)
+    sources[i]     where group i came from ("x1", "x2", "x3"), for metrics by source; None: not said
     """
 
     prompts: tuple[Any, ...]
@@ -89,12 +90,15 @@ class UpdateBatch:
     rewards: tuple[tuple[float, ...], ...]
     advantages: tuple[tuple[float, ...], ...] | None = None
     step: int = 0
+    sources: tuple[str, ...] | None = None
 
     def __post_init__(self):
         n = len(self.prompts)
         if len(self.responses) != n or len(self.rewards) != n or (self.advantages is not None
                                                                   and len(self.advantages) != n):
             raise ValueError("UpdateBatch: prompts, responses, rewards (and advantages) need one entry per group")
+        if self.sources is not None and len(self.sources) != n:
+            raise ValueError(f"UpdateBatch: {len(self.sources)} sources for {n} groups")
         for i, rs in enumerate(self.responses):
             if len(self.rewards[i]) != len(rs) or (self.advantages is not None and len(self.advantages[i]) != len(rs)):
                 raise ValueError(f"UpdateBatch: group {i} has {len(rs)} responses but not as many rewards/advantages")
@@ -113,7 +117,8 @@ class UpdateBatch:
         """The batch restricted to the given groups (in that order)."""
         pick = lambda xs: tuple(xs[i] for i in groups)  # noqa: E731
         return UpdateBatch(pick(self.prompts), pick(self.responses), pick(self.rewards),
-                           None if self.advantages is None else pick(self.advantages), self.step)
+                           None if self.advantages is None else pick(self.advantages), self.step,
+                           None if self.sources is None else pick(self.sources))
 
 
 @runtime_checkable

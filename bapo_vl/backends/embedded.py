@@ -32,7 +32,8 @@ from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.mixed_precision import ComputeCopy
 from bapo_vl.backends.engines import make_engine, resolve_device
 from bapo_vl.lm_head import token_logprobs
-from bapo_vl.losses import MICRO_BATCH_STATISTICS, gae_advantages, to_host, total_loss, value_loss
+from bapo_vl.losses import (MICRO_BATCH_STATISTICS, gae_advantages, largest_ratio_per_row, to_host, total_loss,
+                             value_loss)
 from bapo_vl.models import resolve_model
 from bapo_vl import mrope
 from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions
@@ -407,6 +408,8 @@ class EmbeddedBackend:
         else:
             adv = torch.tensor([a for *_, a in rows])[:, None] * mask
         terms = dict(mask=self._to_device(mask), adv=self._to_device(adv), old=old, ref=ref, is_w=is_w)
+        if batch.sources is not None:  # each row's largest ratio over the epochs, for ratio_max by source
+            terms["row_ratio_max"] = self._to_device(torch.zeros(len(rows)))
         groups = sorted(set(group))
         lr = optim.lr * lr_factor(batch.step, self.steps, optim.lr_schedule, optim.lr_warmup_steps, optim.min_lr_ratio)
         for g in self.optimizer.param_groups:
@@ -432,8 +435,14 @@ class EmbeddedBackend:
                                                       batch.step)
         if not per_mini:
             return {}
-        out = to_host({k: _largest([m[k] for m in per_mini]) if k in LARGEST else sum(m[k] for m in per_mini) /
-                       len(per_mini) for k in per_mini[0]})  # the one transfer
+        out = {k: _largest([m[k] for m in per_mini]) if k in LARGEST else sum(m[k] for m in per_mini) /
+               len(per_mini) for k in per_mini[0]}
+        if batch.sources is not None:
+            source = [batch.sources[g] for g in group]
+            for s in sorted(set(source)):
+                mine = self._to_device(torch.tensor([i for i, x in enumerate(source) if x == s]))
+                out[f"ratio_max_{s}"] = terms["row_ratio_max"].index_select(0, mine).amax()
+        out = to_host(out)  # the one transfer
         out["skipped_steps"] = sum(not math.isfinite(m["grad_norm"]) for m in per_mini)  # clipped_step skipped them
         out["optimizer_steps"] = len(per_mini) - out["skipped_steps"]
         out["lr"] = lr
@@ -452,6 +461,10 @@ class EmbeddedBackend:
         loss, metrics = total_loss(logp, cut(terms["old"]), cut(terms["adv"]), cut(terms["mask"]), self.loss,
                                    ref_logp=cut(terms["ref"]), entropy=entropy, is_weights=cut(terms["is_w"]),
                                    n_tokens=n_tokens, n_seqs=n_seqs, host_metrics=False)
+        if "row_ratio_max" in terms:
+            top = terms["row_ratio_max"]
+            mine = largest_ratio_per_row(logp, cut(terms["old"]), cut(terms["mask"])).float()
+            top.index_copy_(0, rows, torch.maximum(top.index_select(0, rows), mine))
         loss.backward()
         if self.compute is not None:
             self.compute.accumulate_grads()
