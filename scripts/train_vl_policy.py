@@ -52,6 +52,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bapo_vl.backends.embedded import compile_blocks  # noqa: E402
 from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions  # noqa: E402
 
 # --size: shape and recipe (text: hidden/layers/heads/kv_heads/intermediate; vision tower: vision_*)
@@ -367,7 +368,8 @@ def greedy_answers(model, processor, enc: Encoded, device, bf16: bool, batch: in
             mask[k, P - s:] = 1
         inputs = {"input_ids": ids.to(device), "attention_mask": mask.to(device), "mm_token_type_ids": types.to(device),
                   "image_grid_thw": enc.grid.repeat(len(idx), 1).to(device), "pixel_values": enc.pixels(idx, device)}
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+        # --compile compiled the blocks for training's shapes; decoding one token at a time stays eager
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16), torch.compiler.set_stance("force_eager"):
             gen = model.generate(**inputs, do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=pad,
                                  eos_token_id=eos, suppress_tokens=suppress)
         out.extend(tok.batch_decode(gen[:, P:], skip_special_tokens=True))
@@ -501,6 +503,9 @@ def main(argv=None):
                     help="deterministic kernels (torch.use_deterministic_algorithms, warn-only where an op has none)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="bf16 autocast (default: on for cuda); weights stay fp32")
+    ap.add_argument("--compile", action=argparse.BooleanOptionalAction, default=False,
+                    help="torch.compile each repeated block (decoder layers, vision blocks) for training; "
+                         "evaluation decodes eager")
     ap.add_argument("--max-seconds", type=float, default=None,
                     help="stop training once the training wall time passes this (then save and evaluate)")
     ap.add_argument("--stop-after", type=int, default=None, metavar="N",
@@ -572,6 +577,8 @@ def main(argv=None):
 
     head = GlyphHead(model, processor.image_processor.merge_size) if glyphs else None
     model.to(device).train()
+    if args.compile:
+        print(f"--compile: {compile_blocks(model)} blocks compiled", flush=True)
     trained = list(model.named_parameters()) + (list(head.to(device).named_parameters()) if head else [])
     decay = [p for n, p in trained if p.ndim >= 2]
     no_decay = [p for n, p in trained if p.ndim < 2]
@@ -683,7 +690,8 @@ def main(argv=None):
         "params": n_params, "vision_params": n_vision, "lr": args.lr, "warmup": args.warmup,
         "min_lr_ratio": args.min_lr_ratio, "weight_decay": args.weight_decay,
         "device": str(device) + (f" ({torch.cuda.get_device_name()})" if device.type == "cuda" else ""),
-        "bf16_autocast": bf16, "torch": torch.__version__, "transformers": __import__("transformers").__version__,
+        "bf16_autocast": bf16, "compile": args.compile, "torch": torch.__version__,
+        "transformers": __import__("transformers").__version__,
         "train_seconds": round(train_s, 1), "eval_seconds": round(eval_s, 1), "final_loss": round(final_loss, 5),
         "loss_log": log, "eval_curve": curve, "snapshots": snapshots,
         "eval": {"split": "test", "seed": TEST_SEED, "n": result["n"], "greedy_acc": result["acc"],
@@ -729,8 +737,9 @@ def training_md(m: dict, size: int) -> str:
         f"intermediate {s['intermediate']}, vocab {s['vocab']}, tied embeddings; vision depth {s['vision_depth']}, "
         f"hidden {s['vision_hidden']}, heads {s['vision_heads']}, intermediate {s['vision_intermediate']}; "
         f"{m['params']:,} parameters ({m['vision_params']:,} vision), fp32 safetensors; folder {size / 1e6:.2f} MB",
-        f"- trained on {m['device']}, bf16 autocast {m['bf16_autocast']}, torch {m['torch']}, transformers "
-        f"{m['transformers']}, {m['train_seconds']} s",
+        f"- trained on {m['device']}, bf16 autocast {m['bf16_autocast']}"
+        + (", repeated blocks compiled (--compile)" if m.get("compile") else "")
+        + f", torch {m['torch']}, transformers {m['transformers']}, {m['train_seconds']} s",
         f"- final training loss (per response token) {m['final_loss']}",
         "",
         f"## Greedy accuracy on the test split ({e['n']} problems, seed {e['seed']}, verifier "

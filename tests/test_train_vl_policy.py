@@ -282,3 +282,24 @@ def test_glyph_loss_trains_the_probe_on_the_image_tokens(tmp_path):
     model = AutoModelForImageTextToText.from_pretrained(out)
     assert sum(p.numel() for p in model.parameters()) == meta["params"]  # the policy alone
     assert not any(k.startswith("proj") or "glyph" in k for k in model.state_dict())
+
+
+def test_compiled_blocks_train_as_the_eager_model_does(tmp_path):
+    # Could fail if --compile compiled nothing (no block found), changed what a step computes (the losses of the
+    # same steps from the same seed would part from eager's beyond float summation order), broke the evaluation's
+    # decoding (which runs eager), or went unrecorded on the card.
+    from torch._dynamo.utils import counters
+
+    args = ["--size", "geodraw-tiny", "--data", "fixed", "--problems", "8", "--batch", "8", "--steps", "4",
+            "--lr", "3e-3", "--warmup", "1", "--image-size", str(SIDE), "--eval-problems", "4", "--log-every", "1",
+            "--device", "cpu"]
+    eager = script.main(args + ["--out", str(tmp_path / "eager")])
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = script.main(args + ["--out", str(tmp_path / "compiled"), "--compile"])
+    assert counters["stats"]["unique_graphs"] >= 1  # the blocks ran compiled
+    assert [d["loss"] for d in compiled["loss_log"]] == pytest.approx([d["loss"] for d in eager["loss_log"]],
+                                                                       rel=1e-3)
+    assert compiled["compile"] and not eager["compile"]
+    assert 0 <= compiled["eval"]["greedy_acc"] <= 1
+    assert "repeated blocks compiled (--compile)" in (tmp_path / "compiled" / "TRAINING.md").read_text()
