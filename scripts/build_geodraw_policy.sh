@@ -6,10 +6,11 @@
 # Two stages of scripts/train_vl_policy.py (the second restarts the learning rate; the numbers are read reliably
 # only after it): 2,152 steps of a 2,400-step cosine at lr 1.5e-3 with the glyph loss (FOLDER/stage1, its own card),
 # then 2,817 steps of a 4,800-step cosine at lr 1e-3 from it (FOLDER, the policy). Extra flags go to both stages.
+# STAGE2_STEPS=N stops the second stage after N of its 4,800 planned steps instead (a weaker start policy, sooner).
 set -euo pipefail
 policy=$(realpath -m "${1:?usage: build_geodraw_policy.sh FOLDER [train_vl_policy.py flags]}"); shift
 cd "$(dirname "$0")/.."
 PYTHONPATH=. python3 scripts/train_vl_policy.py --size geodraw-30m --steps 2400 --stop-after 2152 \
     --out "$policy/stage1" "$@"
 PYTHONPATH=. python3 scripts/train_vl_policy.py --size geodraw-30m --init-from "$policy/stage1" --lr 1e-3 --warmup 50 \
-    --steps 4800 --stop-after 2817 --out "$policy" "$@"
+    --steps 4800 --stop-after "${STAGE2_STEPS:-2817}" --out "$policy" "$@"
