@@ -213,7 +213,9 @@ class EmbeddedBackend:
         frozen_dtype = self.autocast_dtype or torch.float32
         self.rollout = self._frozen_copy(frozen_dtype) if delay > 1 else self.policy
         self.ref = self._frozen_copy(frozen_dtype) if loss.kl_coef > 0 else None
-        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=optim.lr, weight_decay=optim.weight_decay)
+        fused = {"fused": True} if self.device.type == "cuda" else {}  # one kernel per step, not a pass per op
+        self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
+                                           **fused)
         # what the update's forward and backward run on: pi_theta itself, or its bf16 ComputeCopy
         self.compute = (ComputeCopy(self.policy, self.autocast_dtype)
                         if options.mixed_precision == "compute_copy" and self.autocast_dtype is not None else None)
@@ -222,7 +224,7 @@ class EmbeddedBackend:
             log.info("compile=true: %d blocks of the updated model under torch.compile", compile_blocks(self.trained))
         self.critic = ValueModel(self.policy).to(self.device) if optim.critic else None
         self.critic_optimizer = (torch.optim.AdamW(self.critic.parameters(), lr=optim.critic_lr,
-                                                   weight_decay=optim.weight_decay) if self.critic else None)
+                                                   weight_decay=optim.weight_decay, **fused) if self.critic else None)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         gen_cfg = getattr(self.policy, "generation_config", None)
         eos = gen_cfg.eos_token_id if gen_cfg is not None and gen_cfg.eos_token_id is not None else self.tokenizer.eos_token_id
