@@ -332,3 +332,22 @@ def test_text_benchmark_reports_a_failed_engine_row_without_a_ratio(tmp_path):
     assert summary["baseline"]["tokens_per_gpu_s"] == base["tokens_per_gpu_s"]
     assert summary["tokens_per_gpu_s_x_baseline"] is None
     assert "rollout_engine=vllm needs vLLM" in (tmp_path / "embedded-vllm.log").read_text()
+
+
+def test_sft_benchmark_prints_the_compiled_step_against_the_eager_one(tmp_path):
+    # Could fail if benchmarks/sft.sh stopped running both arms in one invocation, timed the first log line (the
+    # compilation) into the step, or took the ratio otherwise than the eager step's seconds over the compiled one's.
+    env = dict(os.environ, BENCH_DIR=str(tmp_path), SIZE="geodraw-tiny", STEPS="6", LOG_EVERY="2",
+               EXTRA="--image-size 112 --batch 4 --data fixed --problems 8 --device cpu")
+    out = subprocess.run(["bash", ROOT / "benchmarks" / "sft.sh"], capture_output=True, text=True, timeout=900,
+                         env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    summary = json.loads(out.stdout)
+    cards = {n: json.loads((tmp_path / n / "training.json").read_text()) for n in ("eager", "compiled")}
+    assert cards["compiled"]["compile"] and not cards["eager"]["compile"]
+    assert summary["row"] == "geodraw SFT step (compiled)" and summary["baseline"]["row"] == "geodraw SFT step (eager)"
+    for name, row in (("compiled", summary), ("eager", summary["baseline"])):
+        timed = [d["step_seconds"] for d in cards[name]["loss_log"] if d["step"] > 1]  # steps 2, 4, 6
+        assert row["timed_log_lines"] == 3 and row["step_seconds"] == sorted(timed)[1]
+    assert summary["speed_x_baseline"] == summary["baseline"]["step_seconds"] / summary["step_seconds"]
+    assert summary["card"] == "cpu" and summary["date"] and summary["commit"]
