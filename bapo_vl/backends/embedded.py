@@ -460,13 +460,14 @@ class EmbeddedBackend:
         cut = lambda t: None if t is None else t.index_select(0, rows)[:, :R]  # noqa: E731 - terms are on the device
         batch = self._collate([prompts[i] for i in micro], [responses[i] for i in micro])
         logp, entropy = self._token_logprobs(self.trained, batch, lengths, with_entropy=True)
-        loss, metrics = total_loss(logp, cut(terms["old"]), cut(terms["adv"]), cut(terms["mask"]), self.loss,
+        old, mask = cut(terms["old"]), cut(terms["mask"])
+        loss, metrics = total_loss(logp, old, cut(terms["adv"]), mask, self.loss,
                                    ref_logp=cut(terms["ref"]), entropy=entropy, is_weights=cut(terms["is_w"]),
                                    n_tokens=n_tokens, n_seqs=n_seqs, host_metrics=False)
         if "row_ratio_max" in terms:
             top = terms["row_ratio_max"]
-            mine = largest_ratio_per_row(logp, cut(terms["old"]), cut(terms["mask"])).float()
-            top.index_copy_(0, rows, torch.maximum(top.index_select(0, rows), mine))
+            top.index_copy_(0, rows, torch.maximum(top.index_select(0, rows),
+                                                   largest_ratio_per_row(logp, old, mask).float()))
         loss.backward()
         if self.compute is not None:
             self.compute.accumulate_grads()
