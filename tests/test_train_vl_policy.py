@@ -303,3 +303,38 @@ def test_compiled_blocks_train_as_the_eager_model_does(tmp_path):
     assert compiled["compile"] and not eager["compile"]
     assert 0 <= compiled["eval"]["greedy_acc"] <= 1
     assert "repeated blocks compiled (--compile)" in (tmp_path / "compiled" / "TRAINING.md").read_text()
+
+
+def test_save_at_keeps_the_policy_a_shorter_run_ends_with(tmp_path):
+    # Could fail if a snapshot were saved before or after its step, if saving and evaluating it changed the training
+    # that follows (model left in eval mode, RNG drawn), or if its card were missing: a snapshot after step 3 of a
+    # 5-step stop must be the policy that --stop-after 3 of the same planned schedule saves.
+    common = ["--size", "geodraw-tiny", "--data", "fixed", "--problems", "8", "--batch", "8", "--steps", "12",
+              "--lr", "3e-3", "--warmup", "2", "--image-size", str(SIDE), "--eval-problems", "4", "--device", "cpu"]
+    script.main(common + ["--out", str(tmp_path / "long"), "--stop-after", "5", "--save-at", "3"])
+    script.main(common + ["--out", str(tmp_path / "short"), "--stop-after", "3"])
+    snap = AutoModelForImageTextToText.from_pretrained(tmp_path / "long" / "step_3").state_dict()
+    short = AutoModelForImageTextToText.from_pretrained(tmp_path / "short").state_dict()
+    end = AutoModelForImageTextToText.from_pretrained(tmp_path / "long").state_dict()
+    assert snap.keys() == short.keys()
+    assert all(torch.equal(snap[k], short[k]) for k in snap)
+    assert not all(torch.equal(snap[k], end[k]) for k in snap)  # the run went on after the snapshot
+    card = json.loads((tmp_path / "long" / "step_3" / "training.json").read_text())
+    assert card["step"] == 3 and 0 <= card["greedy_acc_128"] <= 1
+    assert AutoProcessor.from_pretrained(tmp_path / "long" / "step_3").image_processor.size["longest_edge"] == SIDE ** 2
+
+
+def test_build_script_keeps_second_stage_snapshots(tmp_path):
+    # Could fail if STAGE2_SAVE_AT did not reach the second stage, reached the first too, or broke the build.
+    import os
+    import subprocess
+
+    out = tmp_path / "policy"
+    flags = ["--size", "geodraw-tiny", "--data", "fixed", "--problems", "8", "--batch", "8", "--steps", "6",
+             "--stop-after", "3", "--warmup", "1", "--image-size", str(SIDE), "--eval-problems", "4", "--device", "cpu",
+             "--data-workers", "0"]
+    subprocess.run(["bash", str(ROOT / "scripts" / "build_geodraw_policy.sh"), str(out), *flags], check=True,
+                   env={**os.environ, "STAGE2_SAVE_AT": "2"}, capture_output=True)
+    assert json.loads((out / "step_2" / "training.json").read_text())["step"] == 2
+    assert (out / "stage1" / "model.safetensors").exists() and not (out / "stage1" / "step_2").exists()
+    assert json.loads((out / "training.json").read_text())["steps"] == 3
