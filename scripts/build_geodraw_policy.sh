@@ -16,4 +16,5 @@ cd "$(dirname "$0")/.."
 PYTHONPATH=. python3 scripts/train_vl_policy.py --size geodraw-30m --steps 2400 --stop-after 2152 \
     --out "$policy/stage1" "$@"
 PYTHONPATH=. python3 scripts/train_vl_policy.py --size geodraw-30m --init-from "$policy/stage1" --lr 1e-3 --warmup 50 \
-    --steps 4800 --stop-after "${STAGE2_STEPS:-2817}" ${STAGE2_SAVE_AT:+--save-at "$STAGE2_SAVE_AT"} --out "$policy" "$@"
+    --steps 4800 --stop-after "${STAGE2_STEPS:-2817}" ${STAGE2_SAVE_AT:+--save-at "$STAGE2_SAVE_AT"} \
+    --out "$policy" "$@"
