@@ -22,9 +22,9 @@ train() {  # train NAME ARGS...: one run, its result in $results/NAME.json, its 
     || { echo "$name: see $results/$name.log" >&2; return 1; }
 }
 case $row in
-  embedded)
-    train embedded-transformers --backend embedded --set rollout_engine=transformers
+  embedded)  # the vLLM row first: it is the row of interest, and its transformers baseline takes much longer
     train embedded-vllm --backend embedded --set rollout_engine=vllm
+    train embedded-transformers --backend embedded --set rollout_engine=transformers
     python "$bench" summary "$results/embedded-vllm.json" --baseline "$results/embedded-transformers.json" ;;
   verl)
     train verl1 --backend verl --gpus 1 ${CARDS:+--cuda "${CARDS%%,*}"}

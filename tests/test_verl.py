@@ -422,7 +422,28 @@ def verl_backend(cfg, *workers, **options):
                        **options)
 
 
-def make_verl(cfg, dp_size=2, num_workers=4, mini_batch_size=None):
+class SleepingCheckpointManager(StandInCheckpointManager):
+    """CheckpointEngineManager's colocated contract with free_cache_engine=True: sleep_replicas frees the engine's
+    memory (level 2: its weights are gone), update_weights wakes it with the actor's weights (verl's naive sync)."""
+
+    def __init__(self, actor, engine):
+        super().__init__(actor, engine)
+        self.asleep, self.events = False, []
+
+    @torch.no_grad()
+    def sleep_replicas(self):
+        for p in self.engine.parameters():
+            p.fill_(float("nan"))
+        self.asleep = True
+        self.events.append("sleep")
+
+    def update_weights(self, global_steps=None):
+        super().update_weights(global_steps)
+        self.asleep = False
+        self.events.append("wake")
+
+
+def make_verl(cfg, dp_size=2, num_workers=4, mini_batch_size=None, free_cache_engine=False):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(cfg.run.model)
@@ -432,9 +453,9 @@ def make_verl(cfg, dp_size=2, num_workers=4, mini_batch_size=None):
     sampling = cfg.sampling
     rollout = StandInRollout(engine, tok, sampling.max_prompt_length, sampling.max_response_length, num_workers,
                              sampling.temperature, cfg.run.seed)
-    ckpt = StandInCheckpointManager(actor, engine)
+    ckpt = (SleepingCheckpointManager if free_cache_engine else StandInCheckpointManager)(actor, engine)
     backend = verl_backend(cfg, rollout, actor, ckpt, tok, task_name="scheduled", divisor=num_workers,
-                           dp_size=dp_size, mini_batch_size=mini_batch_size)
+                           dp_size=dp_size, mini_batch_size=mini_batch_size, free_cache_engine=free_cache_engine)
     return backend
 
 
@@ -576,6 +597,39 @@ def test_batch_trimmed_for_data_parallel(model_dir):
         assert r.metrics["trimmed_groups"] == n - keep
         if keep:
             assert len(backend.actor.batches[-1]) == keep * G
+
+
+def test_engine_sleeps_through_each_update_with_free_cache_engine(model_dir):
+    """v = 1 with free_cache_engine=True: every actor pass runs with the engine asleep (its memory handed over, as
+    verl's fit() does between generation and the update), every generation with it awake and holding pi_theta, so
+    the run is the one with the engine kept resident."""
+    cfg = make_cfg(model_dir, delay=1)
+    runs = {}
+    for free in (False, True):
+        task = ScheduledTask()
+        backend = make_verl(cfg, free_cache_engine=free)
+        ckpt, rollout, actor = backend.checkpoint_manager, backend.rollout_manager, backend.actor
+        at_update, at_generate = [], []
+        generate, update = rollout.generate_sequences, actor.update_actor
+        rollout.generate_sequences = lambda b: at_generate.append(getattr(ckpt, "asleep", False)) or generate(b)
+        actor.update_actor = lambda b: at_update.append(getattr(ckpt, "asleep", False)) or update(b)
+        tr = make_trainer(cfg, backend, task, task.problems)
+        steps = [tr.step(t) for t in range(1, T + 1)]
+        runs[free] = dict(uids=[uids(r) for r in steps], policy=weights(actor.policy), backend=backend, task=task,
+                          at_update=at_update, at_generate=at_generate, reevaluated=any(r.reevaluated for r in steps))
+    kept, freed = runs[False], runs[True]
+    assert freed["reevaluated"] and len(freed["at_update"]) == T
+    assert all(freed["at_update"]), "an actor pass ran beside the awake engine"
+    assert not any(freed["at_generate"]), "generated on a sleeping engine"
+    assert freed["uids"] == kept["uids"] and same(freed["backend"].actor.policy, kept["policy"])
+    events = freed["backend"].checkpoint_manager.events
+    assert events.count("sleep") == T and all(a != b for a, b in zip(events, events[1:]))
+    # a generation after the last update (no sync in between) wakes the engine with pi_theta first
+    backend = freed["backend"]
+    assert backend.checkpoint_manager.asleep
+    out = backend.generate([backend.encode(freed["task"].problems[0])], 2)
+    assert len(out[0]) == 2 and same(backend.rollout_manager.engine, weights(backend.actor.policy))
+    assert backend.calls[-1][0] == "wake"
 
 
 def test_derived_settings_write_entropy_log_probs_clip_and_lr_into_verls_config():

@@ -16,7 +16,9 @@ embedded backend (sync / encode / generate / decode / update / state_dict). What
 Delayed rollout policy (notes option (a)): the rollout engine keeps its weights between syncs only if it never
 sleeps at level 2, i.e. `actor_rollout_ref.rollout.free_cache_engine=False` for colocated vLLM (the engine's memory
 stays resident). `validate_verl_config` refuses the other combinations (free_cache_engine=True with vLLM discards the
-weights on sleep; SGLang raises) instead of training on garbage weights.
+weights on sleep; SGLang raises) instead of training on garbage weights. With v = 1 and free_cache_engine=True the
+engine sleeps before each update (`checkpoint_manager.sleep_replicas()`, as verl's fit() does) so that the actor's
+passes get its memory, and the next weight push wakes it.
 
 Re-evaluation with the current policy (X2, policy="current"): the engine is temporarily synced to pi_theta, then the
 stale alpha is put back. alpha is kept as a CPU snapshot of the actor shards taken at each sync
@@ -200,6 +202,10 @@ class VerlBackend:
         self.alpha_stale = False
         self.step = 0
         self.calls = []  # (what, step) log of weight movements, for tests
+        # A colocated engine with free_cache_engine (v = 1 only) frees its memory for the actor's passes, as verl's
+        # fit() has it sleep between generation and the update; the next weight push wakes it.
+        self.free_cache_engine = free_cache_engine
+        self.engine_asleep = False
         if self.snapshots:  # the engine starts with the actor's initial weights: that is alpha until the first sync
             actor.save_model_to_cpu(ALPHA)
 
@@ -254,6 +260,8 @@ class VerlBackend:
         padded, pad = pad_dataproto_to_divisor(batch, self.divisor)
         temporary = policy == "current" and self.alpha_stale
         t0 = time.perf_counter()
+        if self.engine_asleep:  # only with v = 1, where alpha is pi_theta: the push restores what sleep discarded
+            self._push("wake")
         if temporary:  # X2: pi_theta into the engine for this call only
             self._push("reeval_sync")
         try:
@@ -275,8 +283,14 @@ class VerlBackend:
     # --- weights ---------------------------------------------------------------------------------------------
 
     def _push(self, what: str):
-        self.checkpoint_manager.update_weights(global_steps=self.step)
+        self.checkpoint_manager.update_weights(global_steps=self.step)  # wakes a sleeping engine
+        self.engine_asleep = False
         self.calls.append((what, self.step))
+
+    def _sleep_engine(self):
+        if self.free_cache_engine and not self.engine_asleep:
+            self.checkpoint_manager.sleep_replicas()
+            self.engine_asleep = True
 
     def sync(self):
         """alpha <- pi_theta: one weight push; with X2 also the CPU snapshot alpha is restored from later."""
@@ -343,6 +357,7 @@ class VerlBackend:
         if keep == 0:
             return UpdateResult(changed=False, metrics=metrics)
         data = self.batch_to_dataproto(batch.select(list(range(keep))))
+        self._sleep_engine()  # before any of the actor's passes
         behaviour = data.batch["old_log_probs"]
         old, is_w = old_logprobs(behaviour, self.optim.tis_threshold,
                                  lambda: self.actor.compute_log_prob(data).batch["old_log_probs"])
@@ -401,6 +416,7 @@ class VerlBackend:
         else:
             self.actor.load_checkpoint(f"{path}/actor")
         self.checkpoint_manager.update_weights(global_steps=self.step)
+        self.engine_asleep = False
         if self.snapshots:
             self.actor.save_model_to_cpu(ALPHA)
         self.actor.load_checkpoint(f"{path}/actor")
