@@ -46,6 +46,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -171,6 +172,56 @@ def encode_prompt(processor, problem) -> dict:
     return enc
 
 
+class PromptBytes:
+    """encode_prompt for a problem whose one image is already at the size the processor keeps, with the pixel
+    values as PixelCodec's bytes: the image cut into patches straight from its bytes, in the processor's patch
+    layout, and the prompt tokenized with its image tokens spelled out, instead of the processor's float image
+    pipeline (most of a data worker's time). The first problem is checked against the processor itself, so a
+    processor that resizes or lays out patches otherwise stops the run instead of changing its data."""
+
+    def __init__(self, processor):
+        ip = processor.image_processor
+        self.processor, self.tokenizer = processor, processor.tokenizer
+        self.patch, self.merge, self.temporal = ip.patch_size, ip.merge_size, ip.temporal_patch_size
+        self.image_token = processor.image_token
+        self.image_token_id = self.tokenizer.convert_tokens_to_ids(self.image_token)
+        self.checked = False
+
+    def __call__(self, problem) -> dict:
+        (image,) = problem.images
+        a = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)  # C, H, W
+        C, H, W = a.shape
+        p, m, t = self.patch, self.merge, self.temporal
+        if H % (p * m) or W % (p * m):
+            raise RuntimeError(f"problem {problem.uid}: its {W} x {H} px image is not a multiple of {p * m} px, so "
+                               "the processor would resize it; draw images at such a size (--image-size)")
+        gh, gw = H // p, W // p
+        # (temporal copies, C, gh/m, m, p, gw/m, m, p) -> rows (gh/m, gw/m, m, m), columns (C, temporal, p, p)
+        x = a.unsqueeze(0).expand(t, C, H, W).reshape(t, C, gh // m, m, p, gw // m, m, p)
+        pix = x.permute(2, 5, 3, 6, 1, 0, 4, 7).reshape(gh * gw, C * t * p * p).contiguous()
+        text = prompt_text(self.processor, problem).replace(self.image_token,
+                                                            self.image_token * (gh * gw // (m * m)), 1)
+        ids = torch.tensor(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        enc = {"input_ids": ids, "mm_token_type_ids": (ids == self.image_token_id).long(),
+               "image_grid_thw": torch.tensor([[1, gh, gw]]), "pixel_bytes": pix}
+        if not self.checked:
+            self.check(problem, enc)
+        return enc
+
+    def check(self, problem, enc: dict):
+        ref = encode_prompt(self.processor, problem)
+        ref_bytes = PixelCodec(self.processor, ref["pixel_values"].shape[1]).to_bytes(ref["pixel_values"])
+        same = {"input_ids": torch.equal(enc["input_ids"], ref["input_ids"]),
+                "mm_token_type_ids": torch.equal(enc["mm_token_type_ids"], ref["mm_token_type_ids"].long()),
+                "image_grid_thw": torch.equal(enc["image_grid_thw"], ref["image_grid_thw"]),
+                "pixel values": (enc["pixel_bytes"].shape == ref_bytes.shape
+                                 and torch.equal(enc["pixel_bytes"], ref_bytes))}
+        if not all(same.values()):
+            raise RuntimeError(f"problem {problem.uid}: the processor's encoding differs from PromptBytes' in "
+                               f"{', '.join(k for k, v in same.items() if not v)} (an image the processor resizes?)")
+        self.checked = True
+
+
 class PixelCodec:
     """Pixel values kept as exact uint8 in the processor's patch layout (a quarter of fp32's memory; the processor
     only rescales and normalises, so `values` undoes the storage exactly)."""
@@ -195,20 +246,20 @@ class PixelCodec:
 
 
 def encode_row(processor, problem, target: str | None, positions: PromptPositions | None = None,
-               glyphs: bool = False) -> dict:
+               glyphs: bool = False, prompt_bytes: PromptBytes | None = None) -> dict:
     """One problem: prompt (+ response and eos unless target is None) ids, image-token markers, where the response
-    starts, the image's grid and its pixel values (fp32, [patches, dim]); with `positions`, the prompt's M-RoPE
-    positions too (bapo_vl.mrope: computed here, on the CPU, instead of in every forward); with `glyphs`, each
-    patch's glyph class (glyph_labels)."""
+    starts, the image's grid and its pixel values (fp32, [patches, dim]; with `prompt_bytes`, as PixelCodec's bytes,
+    made by it); with `positions`, the prompt's M-RoPE positions too (bapo_vl.mrope: computed here, on the CPU,
+    instead of in every forward); with `glyphs`, each patch's glyph class (glyph_labels)."""
     tok = processor.tokenizer
-    enc = encode_prompt(processor, problem)
+    enc = prompt_bytes(problem) if prompt_bytes is not None else encode_prompt(processor, problem)
     ids = enc["input_ids"].tolist()
     start = len(ids)
     if target is not None:
         ids = ids + tok(target_text(problem, target), add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
     types = enc["mm_token_type_ids"].tolist() if "mm_token_type_ids" in enc else [0] * start
     row = {"ids": ids, "types": types + [0] * (len(ids) - len(types)), "start": start,
-           "grid": enc["image_grid_thw"], "pixel_values": enc["pixel_values"]}
+           "grid": enc["image_grid_thw"], "pixel_values": enc.get("pixel_bytes", enc.get("pixel_values"))}
     if positions is not None:
         row["positions"] = positions(enc["input_ids"], torch.tensor(types), enc["image_grid_thw"])
     if glyphs:
@@ -305,7 +356,7 @@ CHUNK = 256  # problems a stream worker draws at once
 class FreshProblems(torch.utils.data.IterableDataset):
     """Endless batches of train-split problems, each drawn once: worker w of W takes chunks w, w + W, w + 2W, ...,
     chunk c being `load(split="train", n=CHUNK, seed=data_seed * 1_000_000 + c)` (its own seeded stream), encoded
-    in the worker. With a fixed number of workers the order is fixed too (DataLoader takes the workers' batches in
+    in the worker (PromptBytes: the processor's rows, without its float image pipeline). With a fixed number of workers the order is fixed too (DataLoader takes the workers' batches in
     turn), so a run repeats. Memory stays that of a few batches, however many problems training sees."""
 
     def __init__(self, processor, target: str, batch: int, data_seed: int, image_size: int,
@@ -313,20 +364,16 @@ class FreshProblems(torch.utils.data.IterableDataset):
         self.processor, self.target, self.batch, self.positions = processor, target, batch, positions
         self.glyphs = glyphs
         self.data_seed, self.image_size = data_seed, image_size
-        self.codec = None
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         w, n_workers = (info.id, info.num_workers) if info is not None else (0, 1)
         task, rows, c = get_task(), [], w
+        prompt_bytes = PromptBytes(self.processor)
         while True:
             for p in task.load(split="train", n=CHUNK, seed=self.data_seed * 1_000_000 + c,
                                image_size=self.image_size):
-                row = encode_row(self.processor, p, self.target, self.positions, self.glyphs)
-                if self.codec is None:
-                    self.codec = PixelCodec(self.processor, row["pixel_values"].shape[1])
-                row["pixel_values"] = self.codec.to_bytes(row["pixel_values"])
-                rows.append(row)
+                rows.append(encode_row(self.processor, p, self.target, self.positions, self.glyphs, prompt_bytes))
                 if len(rows) == self.batch:
                     yield {**pad_rows(rows, self.processor.tokenizer.pad_token_id), "grid": rows[0]["grid"],
                            "pix": torch.stack([r["pixel_values"] for r in rows])}

@@ -351,3 +351,19 @@ def test_sft_benchmark_prints_the_compiled_step_against_the_eager_one(tmp_path):
         assert row["timed_log_lines"] == 3 and row["step_seconds"] == sorted(timed)[1]
     assert summary["speed_x_baseline"] == summary["baseline"]["step_seconds"] / summary["step_seconds"]
     assert summary["card"] == "cpu" and summary["date"] and summary["commit"]
+
+
+def test_sft_data_benchmark_prints_the_byte_encoding_against_the_processor(tmp_path):
+    # Could fail if benchmarks/sft_data.sh stopped timing both encodings in one invocation, or took the ratios
+    # otherwise than the processor's milliseconds over PromptBytes' (with the drawing added to both for the second).
+    env = dict(os.environ, N="16", IMAGE_SIZE="112", SIZE="geodraw-tiny")
+    out = subprocess.run(["bash", ROOT / "benchmarks" / "sft_data.sh"], capture_output=True, text=True, timeout=900,
+                         env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    s = json.loads(out.stdout)
+    assert s["row"] == "geodraw SFT data, per problem" and s["problems"] == 16 and s["image_size"] == 112
+    assert s["draw_ms"] > 0 and s["encode_ms"] > 0 and s["baseline"]["encode_ms"] > 0
+    assert s["encode_x_baseline"] == pytest.approx(s["baseline"]["encode_ms"] / s["encode_ms"])
+    assert s["draw_and_encode_x_baseline"] == pytest.approx(
+        (s["draw_ms"] + s["baseline"]["encode_ms"]) / (s["draw_ms"] + s["encode_ms"]))
+    assert s["date"] and s["commit"]

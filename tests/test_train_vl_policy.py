@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from PIL import Image
 from transformers import AutoModelForImageTextToText, AutoProcessor
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -194,6 +195,47 @@ def test_fresh_data_is_new_every_batch_and_repeats_run_to_run():
     assert processor.tokenizer.decode(resp).endswith("</answer><|im_end|>")
     assert b["pix"].dtype == torch.uint8 and b["grid"].tolist() == [[1, SIDE // 14, SIDE // 14]]
     assert b["positions"].shape == (3, *b["ids"].shape)  # computed in the workers
+
+
+@pytest.mark.parametrize("side", [SIDE, 224])
+def test_fresh_rows_are_the_processors_encoding(side):
+    # Could fail if PromptBytes (the data workers' encoding: patches cut from the image's bytes, image tokens spelled
+    # out) laid out a patch, a channel or the temporal copy otherwise than the processor does, or tokenized the
+    # prompt otherwise: the fresh data would differ from the fixed set's and from what RL feeds the policy.
+    args = type("A", (), dict(script.SIZES["geodraw-tiny"], image_size=side, seed=0))
+    model, processor = script.build(args)
+    positions = script.PromptPositions(model.config)
+    problems = script.get_task().load(split="train", n=12, seed=1, image_size=side)
+    # and one in colour (the drawn diagrams are grey, R = G = B, which would hide a channel laid out wrong)
+    noise = torch.randint(0, 256, (side, side, 3), generator=torch.Generator().manual_seed(0), dtype=torch.uint8)
+    problems.append(replace(problems[0], images=[Image.fromarray(noise.numpy(), "RGB")]))
+    fast, slow = script.PromptBytes(processor), None
+    for p in problems:
+        row = script.encode_row(processor, p, "read", positions, True, fast)
+        ref = script.encode_row(processor, p, "read", positions, True)
+        slow = slow or script.PixelCodec(processor, ref["pixel_values"].shape[1])
+        assert row["pixel_values"].dtype == torch.uint8
+        assert torch.equal(row["pixel_values"], slow.to_bytes(ref["pixel_values"]))
+        for key in ("ids", "types", "start"):
+            assert row[key] == ref[key], key
+        for key in ("grid", "positions", "glyphs"):
+            assert torch.equal(row[key], ref[key]), key
+
+
+def test_fresh_rows_refuse_an_image_the_processor_would_resize():
+    # Could fail if an image the processor resizes (100 px: not a multiple of 28) were cut into patches as it is, or
+    # if the first problem were not checked against the processor: either would train on other data.
+    args = type("A", (), dict(script.SIZES["geodraw-tiny"], image_size=100, seed=0))
+    _, processor = script.build(args)
+    (p,) = script.get_task().load(split="train", n=1, seed=1, image_size=100)
+    with pytest.raises(RuntimeError, match=f"problem {p.uid}: .*resize"):
+        script.PromptBytes(processor)(p)
+    # an image at a size the processor keeps, but a processor that lays patches out otherwise: the check catches it
+    (q,) = script.get_task().load(split="train", n=1, seed=1, image_size=SIDE)
+    fast = script.PromptBytes(processor)
+    fast.temporal = 1
+    with pytest.raises(RuntimeError, match=f"problem {q.uid}: .*differs .*pixel values"):
+        fast(q)
 
 
 def test_trains_on_fresh_data(tmp_path):
