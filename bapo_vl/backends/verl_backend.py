@@ -13,7 +13,7 @@ embedded backend (sync / encode / generate / decode / update / state_dict). What
   sync      `checkpoint_manager.update_weights()`: alpha <- pi_theta, only when the Trainer asks (t % v == 0).
   metrics   verl's actor metric names -> the record's (VERL_METRICS), verl's own names kept beside them.
 
-Delayed rollout policy (notes option (a)): the rollout engine keeps its weights between syncs only if it never
+Delayed rollout policy: the rollout engine keeps its weights between syncs only if it never
 sleeps at level 2, i.e. `actor_rollout_ref.rollout.free_cache_engine=False` for colocated vLLM (the engine's memory
 stays resident). `validate_verl_config` refuses the other combinations (free_cache_engine=True with vLLM discards the
 weights on sleep; SGLang raises) instead of training on garbage weights. With v = 1 and free_cache_engine=True the
