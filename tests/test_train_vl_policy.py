@@ -345,6 +345,10 @@ def test_compiled_blocks_train_as_the_eager_model_does(tmp_path):
     assert compiled["compile"] and not eager["compile"]
     assert 0 <= compiled["eval"]["greedy_acc"] <= 1
     assert "repeated blocks compiled (--compile)" in (tmp_path / "compiled" / "TRAINING.md").read_text()
+    # the compiled run saves the weights under the model's own names, so RL loads its policy as an eager one's
+    from safetensors import safe_open
+    names = {n: set(safe_open(tmp_path / n / "model.safetensors", "pt").keys()) for n in ("eager", "compiled")}
+    assert names["compiled"] == names["eager"] and not any("_orig_mod" in k for k in names["compiled"])
 
 
 def test_save_at_keeps_the_policy_a_shorter_run_ends_with(tmp_path):
