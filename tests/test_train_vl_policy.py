@@ -220,22 +220,30 @@ def test_fresh_rows_are_the_processors_encoding(side):
             assert row[key] == ref[key], key
         for key in ("grid", "positions", "glyphs"):
             assert torch.equal(row[key], ref[key]), key
+    assert fast.checked and not fast.fallback  # the rows were PromptBytes' own, not the processor's
 
 
-def test_fresh_rows_refuse_an_image_the_processor_would_resize():
+@pytest.mark.parametrize("case", ["resized image", "other layout"])
+def test_fresh_rows_fall_back_to_the_processor(case, capsys):
     # Could fail if an image the processor resizes (100 px: not a multiple of 28) were cut into patches as it is, or
-    # if the first problem were not checked against the processor: either would train on other data.
-    args = type("A", (), dict(script.SIZES["geodraw-tiny"], image_size=100, seed=0))
+    # if the first problem were not checked against the processor (here a patch layout other than the processor's):
+    # either would train on other data; or if the run stopped instead of going on with the processor's rows.
+    side = 100 if case == "resized image" else SIDE
+    args = type("A", (), dict(script.SIZES["geodraw-tiny"], image_size=side, seed=0))
     _, processor = script.build(args)
-    (p,) = script.get_task().load(split="train", n=1, seed=1, image_size=100)
-    with pytest.raises(RuntimeError, match=f"problem {p.uid}: .*resize"):
-        script.PromptBytes(processor)(p)
-    # an image at a size the processor keeps, but a processor that lays patches out otherwise: the check catches it
-    (q,) = script.get_task().load(split="train", n=1, seed=1, image_size=SIDE)
+    problems = script.get_task().load(split="train", n=3, seed=1, image_size=side)
     fast = script.PromptBytes(processor)
-    fast.temporal = 1
-    with pytest.raises(RuntimeError, match=f"problem {q.uid}: .*differs .*pixel values"):
-        fast(q)
+    if case == "other layout":
+        fast.temporal = 1
+    for p in problems:
+        enc, ref = fast(p), script.encode_prompt(processor, p)
+        assert torch.equal(enc["input_ids"], ref["input_ids"])
+        assert torch.equal(enc["pixel_bytes"], script.PixelCodec(processor, ref["pixel_values"].shape[1]).to_bytes(
+            ref["pixel_values"]))
+    said = capsys.readouterr().out.splitlines()
+    why = "not a multiple of 28 px" if case == "resized image" else "encodes it otherwise (pixel_bytes)"
+    assert len(said) == 1 and said[0].startswith(f"problem {problems[0].uid}: ") and why in said[0], said
+    assert fast.fallback
 
 
 def test_trains_on_fresh_data(tmp_path):
