@@ -192,6 +192,8 @@ class PromptBytes:
     def __call__(self, problem) -> dict:
         if self.fallback:
             return self.processor_bytes(problem)
+        if len(problem.images or ()) != 1:
+            return self.give_up(problem, f"it has {len(problem.images or ())} images, not one")
         (image,) = problem.images
         a = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)  # C, H, W
         C, H, W = a.shape
@@ -362,8 +364,9 @@ CHUNK = 256  # problems a stream worker draws at once
 class FreshProblems(torch.utils.data.IterableDataset):
     """Endless batches of train-split problems, each drawn once: worker w of W takes chunks w, w + W, w + 2W, ...,
     chunk c being `load(split="train", n=CHUNK, seed=data_seed * 1_000_000 + c)` (its own seeded stream), encoded
-    in the worker (PromptBytes: the processor's rows, without its float image pipeline). With a fixed number of workers the order is fixed too (DataLoader takes the workers' batches in
-    turn), so a run repeats. Memory stays that of a few batches, however many problems training sees."""
+    in the worker (PromptBytes: the processor's rows, without its float image pipeline). With a fixed number of
+    workers the order is fixed too (DataLoader takes the workers' batches in turn), so a run repeats. Memory stays
+    that of a few batches, however many problems training sees."""
 
     def __init__(self, processor, target: str, batch: int, data_seed: int, image_size: int,
                  positions: PromptPositions | None = None, glyphs: bool = False):
