@@ -282,9 +282,13 @@ class VerlBackend:
 
     # --- weights ---------------------------------------------------------------------------------------------
 
-    def _push(self, what: str):
-        self.checkpoint_manager.update_weights(global_steps=self.step)  # wakes a sleeping engine
+    def _load_engine(self):
+        """The actor's weights into the engine (verl's weight push, which also wakes a sleeping engine)."""
+        self.checkpoint_manager.update_weights(global_steps=self.step)
         self.engine_asleep = False
+
+    def _push(self, what: str):
+        self._load_engine()
         self.calls.append((what, self.step))
 
     def _sleep_engine(self):
@@ -415,8 +419,7 @@ class VerlBackend:
             self.actor.load_checkpoint(f"{path}/alpha")
         else:
             self.actor.load_checkpoint(f"{path}/actor")
-        self.checkpoint_manager.update_weights(global_steps=self.step)
-        self.engine_asleep = False
+        self._load_engine()
         if self.snapshots:
             self.actor.save_model_to_cpu(ALPHA)
         self.actor.load_checkpoint(f"{path}/actor")
