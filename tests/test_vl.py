@@ -79,6 +79,29 @@ def test_bapo_trains_tiny_qwen2_5_vl_on_geometry3k(tmp_path, geometry3k_source):
 
 
 
+def _primed_geodraw_model(folder):
+    task = get_task("geodraw")
+    problems = task.load(split="train", limit=24)
+    model, processor = build_qwen2_5_vl(max_pixels=MAX_PIXELS)
+    prime_to_answer_letters(model, processor, problems)  # about 1 in 4 right: mixed groups, B_bad and B_high fill
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+
+
+def _ratio_run(tmp_path, name, lr, *overrides):
+    cfg = load_config(overrides=[
+        "task=geodraw", "task_options={limit: 24}", f"model={tmp_path / 'vl'}", f"run_dir={tmp_path / 'runs'}",
+        f"name={name}", "device=cpu", "dtype=float32", "steps=8", "batch_size=6", "group_size=8", "delay=4",
+        "reeval_every=2", "online_filter=uniform", "max_response_length=24", "max_prompt_length=512",
+        f"max_pixels={MAX_PIXELS}", "mini_batch_size=6", "micro_batch_size=16", f"lr={lr}", "kl_coef=0",
+        "entropy_coef=0", "temperature=0.7", *overrides])
+    steps = read_run(train(cfg, quiet=True))["steps"]
+    assert all(s["optimizer_steps"] == 1 for s in steps if s["x1"] + s["x2"] + s["x3"])
+    for s in steps:  # a source is measured when, and only when, the batch has it
+        assert all((f"ratio_max_{k}" in s) == (s[k] > 0) for k in ("x1", "x2", "x3")), s["step"]
+    return steps
+
+
 def test_each_sources_ratio_is_against_the_policy_that_sampled_it(tmp_path):
     # Could fail if any source's stored behaviour log-probs were not those of the policy that sampled it, scored on
     # what the update scores. One optimizer step per update, so the update's forward sees pi_theta as it was when
@@ -87,33 +110,27 @@ def test_each_sources_ratio_is_against_the_policy_that_sampled_it(tmp_path):
     # a learning rate of 1e-30 nothing moves, so then every ratio of every source must be 1, X3 too: its groups are
     # replayed from B_high with their prompts encoded again (the diagram drawn and processed anew, its M-RoPE
     # positions computed anew).
-    task = get_task("geodraw")
-    problems = task.load(split="train", limit=24)
-    model, processor = build_qwen2_5_vl(max_pixels=MAX_PIXELS)
-    prime_to_answer_letters(model, processor, problems)  # about 1 in 4 right: mixed groups, B_bad and B_high fill
-    model.save_pretrained(tmp_path / "vl")
-    processor.save_pretrained(tmp_path / "vl")
-
-    def run(name, lr):
-        cfg = load_config(overrides=[
-            "task=geodraw", "task_options={limit: 24}", f"model={tmp_path / 'vl'}", f"run_dir={tmp_path / 'runs'}",
-            f"name={name}", "device=cpu", "dtype=float32", "steps=8", "batch_size=6", "group_size=8", "delay=4",
-            "reeval_every=2", "online_filter=uniform", "max_response_length=24", "max_prompt_length=512",
-            f"max_pixels={MAX_PIXELS}", "mini_batch_size=6", "micro_batch_size=16", f"lr={lr}", "kl_coef=0",
-            "entropy_coef=0", "temperature=0.7"])
-        steps = read_run(train(cfg, quiet=True))["steps"]
-        assert all(s["optimizer_steps"] == 1 for s in steps if s["x1"] + s["x2"] + s["x3"])
-        for s in steps:  # a source is measured when, and only when, the batch has it
-            assert all((f"ratio_max_{k}" in s) == (s[k] > 0) for k in ("x1", "x2", "x3")), s["step"]
-        return steps
-
+    _primed_geodraw_model(tmp_path / "vl")
     one = lambda r: r == pytest.approx(1.0, abs=1e-4)  # noqa: E731
-    moving = run("moving", 1e-3)
+    moving = _ratio_run(tmp_path, "moving", 1e-3)
     assert [s["ratio_max_x2"] for s in moving if s["x2"]] and all(one(s["ratio_max_x2"]) for s in moving if s["x2"])
     synced = [s["ratio_max_x1"] for s in moving if s["x1"] and s["step"] % 4 == 0]
     lagging = [s["ratio_max_x1"] for s in moving if s["x1"] and s["step"] % 4 > 1]
     assert synced and all(one(r) for r in synced), synced
     assert lagging and all(r > 1.01 for r in lagging), lagging
-    still = run("still", 1e-30)
+    still = _ratio_run(tmp_path, "still", 1e-30)
     assert {k for s in still for k in ("x1", "x2", "x3") if s[k]} == {"x1", "x2", "x3"}
     assert all(one(s[f"ratio_max_{k}"]) for s in still for k in ("x1", "x2", "x3") if s[k])
+
+
+@pytest.mark.parametrize("mixed_precision", ["autocast", "compute_copy"])
+def test_a_policy_that_does_not_move_has_every_ratio_1_in_bf16(tmp_path, mixed_precision):
+    # Could fail if alpha (v > 1) or the behaviour scoring at v = 1 computed otherwise than the update's forward
+    # does: a bf16 copy with its rotary frequencies rounded, or the fp32 policy scored where the update computes on
+    # the bf16 ComputeCopy. Then pi_theta / alpha is not 1 at the same weights, and on a GPU some tokens' ratios
+    # reached 1e8.
+    _primed_geodraw_model(tmp_path / "vl")
+    still = _ratio_run(tmp_path, "still", 1e-30, "dtype=bfloat16", f"mixed_precision={mixed_precision}")
+    ratios = {k: [s[f"ratio_max_{k}"] for s in still if s[k]] for k in ("x1", "x2", "x3")}
+    assert all(ratios.values()), ratios
+    assert all(r == pytest.approx(1.0, abs=1e-3) for r in sum(ratios.values(), [])), ratios

@@ -29,7 +29,7 @@ from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, Aut
 from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatch, UpdateResult, load_checkpoint_file,
                                    old_logprobs, pack, right_pad)
 from bapo_vl.backends.critic import ValueModel
-from bapo_vl.backends.mixed_precision import ComputeCopy
+from bapo_vl.backends.mixed_precision import ComputeCopy, autocast_copy
 from bapo_vl.backends.engines import make_engine, resolve_device
 from bapo_vl.lm_head import token_logprobs
 from bapo_vl.losses import (MICRO_BATCH_STATISTICS, gae_advantages, largest_ratio_per_row, to_host, total_loss,
@@ -210,9 +210,6 @@ class EmbeddedBackend:
         if self.is_vl:
             use_segment_attention(self.policy)  # the rollout and reference copies below inherit it
         self.policy.to(self.device).eval()  # eval(): no dropout; gradients still flow
-        frozen_dtype = self.autocast_dtype or torch.float32
-        self.rollout = self._frozen_copy(frozen_dtype) if delay > 1 else self.policy
-        self.ref = self._frozen_copy(frozen_dtype) if loss.kl_coef > 0 else None
         fused = {"fused": True} if self.device.type == "cuda" else {}  # one kernel per step, not a pass per op
         self.optimizer = torch.optim.AdamW(self.policy.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
                                            **fused)
@@ -220,6 +217,8 @@ class EmbeddedBackend:
         self.compute = (ComputeCopy(self.policy, self.autocast_dtype)
                         if options.mixed_precision == "compute_copy" and self.autocast_dtype is not None else None)
         self.trained = self.compute.model if self.compute is not None else self.policy
+        self.rollout = self._frozen_copy() if delay > 1 else self.policy
+        self.ref = self._frozen_copy() if loss.kl_coef > 0 else None
         if options.compile:
             log.info("compile=true: %d blocks of the updated model under torch.compile", compile_blocks(self.trained))
         self.critic = ValueModel(self.policy).to(self.device) if optim.critic else None
@@ -254,10 +253,15 @@ class EmbeddedBackend:
         self.timings: Counter = Counter()  # seconds inside generate (base.Backend.timings)
         self.engine = make_engine(self)  # what samples rollouts; logged by `bapo train` in its first lines
 
-    def _frozen_copy(self, dtype):
-        model = copy.deepcopy(self.policy).to(dtype).eval()
-        model.requires_grad_(False)
-        return model
+    def _frozen_copy(self):
+        """alpha's or the reference's copy of pi_theta. Its log-probs are compared with the update's, so it computes
+        as the update's forward does (bapo_vl.backends.mixed_precision): right after a sync pi_theta / alpha is 1
+        up to the order of the kernels' sums, not up to bf16 rounding."""
+        if self.compute is not None:  # the update computes on the bf16 copy: so does alpha
+            return copy.deepcopy(self.compute.model).eval().requires_grad_(False)
+        if self.autocast_dtype is not None:
+            return autocast_copy(self.policy, self.autocast_dtype)
+        return copy.deepcopy(self.policy).eval().requires_grad_(False)
 
     def _autocast(self):
         if self.autocast_dtype is None:
@@ -312,7 +316,10 @@ class EmbeddedBackend:
         t0 = time.perf_counter()
         tokens = self.engine.sample(prompts, n, policy, greedy)  # lists of ids: the device is done
         t1 = time.perf_counter()
-        scores = self.score(model, flat, tokens) if logprobs else None
+        # scored as the update computes pi_theta (on the ComputeCopy where there is one), so that the ratio of its
+        # first mini-batch is 1
+        scorer = self.trained if model is self.policy else model
+        scores = self.score(scorer, flat, tokens) if logprobs else None
         out = [Response(tuple(t), None if scores is None else tuple(scores[i, :len(t)].tolist()))
                for i, t in enumerate(tokens)]
         self.timings["sample"] += t1 - t0

@@ -6,6 +6,10 @@ and norms in fp32 and casts activations back and forth around each matmul. `Comp
 copy of the model that runs forward and backward in bf16 throughout; after each micro-batch's backward its
 gradients are added into the fp32 model's `.grad` (accumulation stays fp32), the optimizer steps the fp32 weights,
 and `refresh()` copies them into the bf16 copy once per optimizer step.
+
+Buffers (the rotary frequencies) stay fp32 in every copy made here, as FSDP's `buffer_dtype` and vLLM keep them: a
+frequency f rounded to bf16 moves position p's angle by up to p * f / 256 radians, so a copy with bf16 buffers
+computes a different function of the same weights.
 """
 from __future__ import annotations
 
@@ -14,10 +18,37 @@ import copy
 import torch
 
 
+# the layers whose weights autocast casts to the compute dtype in every forward (its lower-precision op list)
+AUTOCAST_CAST = (torch.nn.Linear, torch.nn.Conv1d, torch.nn.Conv2d, torch.nn.Conv3d)
+
+
+def cast_parameters(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """`model` with every floating parameter in `dtype` and its buffers as they were (in place)."""
+    for p in model.parameters():
+        if p.is_floating_point():
+            p.data = p.data.to(dtype)
+    return model
+
+
+def autocast_copy(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """A frozen copy of `model` that computes under autocast(dtype) exactly as `model` does, in about half the
+    memory: the weights autocast casts to `dtype` in every forward (those of linear and convolution layers) stored
+    in `dtype`, everything it computes in fp32 (embeddings, so the residual stream; norms; buffers) kept fp32. A
+    weight tied to an embedding (a tied LM head) stays fp32: autocast casts it for the head's product all the same."""
+    copied = copy.deepcopy(model).eval().requires_grad_(False)
+    kept = {id(p) for m in copied.modules() if not isinstance(m, AUTOCAST_CAST) for p in m.parameters(recurse=False)}
+    for m in copied.modules():
+        if isinstance(m, AUTOCAST_CAST):
+            for p in m.parameters(recurse=False):
+                if p.is_floating_point() and id(p) not in kept:
+                    p.data = p.data.to(dtype)
+    return copied
+
+
 class ComputeCopy:
     def __init__(self, master: torch.nn.Module, dtype: torch.dtype = torch.bfloat16):
         self.master = master
-        self.model = copy.deepcopy(master).to(dtype)
+        self.model = cast_parameters(copy.deepcopy(master), dtype)
         self.pairs = [(m, c) for m, c in zip(master.parameters(), self.model.parameters()) if m.requires_grad]
 
     @torch.no_grad()
