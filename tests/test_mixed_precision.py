@@ -57,7 +57,6 @@ def test_refresh_copies_the_stepped_weights():
     assert any(not torch.equal(c, b) for c, b in zip(cc.model.parameters(), before))  # the step reached the copy
 
 
-
 def _vl_inputs(processor, n_rows=2):
     from PIL import Image
 

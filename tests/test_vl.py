@@ -127,8 +127,8 @@ def test_each_sources_ratio_is_against_the_policy_that_sampled_it(tmp_path):
 def test_a_policy_that_does_not_move_has_every_ratio_1_in_bf16(tmp_path, mixed_precision):
     # Could fail if alpha (v > 1) or the behaviour scoring at v = 1 computed otherwise than the update's forward
     # does: a bf16 copy with its rotary frequencies rounded, or the fp32 policy scored where the update computes on
-    # the bf16 ComputeCopy. Then pi_theta / alpha is not 1 at the same weights, and on a GPU some tokens' ratios
-    # reached 1e8.
+    # the bf16 ComputeCopy. Then pi_theta / alpha is not 1 at the same weights, and the update's clipping acts on
+    # rounding instead of on how far the policy moved.
     _primed_geodraw_model(tmp_path / "vl")
     still = _ratio_run(tmp_path, "still", 1e-30, "dtype=bfloat16", f"mixed_precision={mixed_precision}")
     ratios = {k: [s[f"ratio_max_{k}"] for s in still if s[k]] for k in ("x1", "x2", "x3")}
