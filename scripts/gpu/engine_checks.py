@@ -9,6 +9,9 @@ The engine's own log-probs of a fixed probe (prompts + responses it sampled), re
 images), are compared with the trainer's teacher-forced log-probs of the same tokens under the stale rollout
 policy alpha (`backend.rollout`) and under pi_theta (`backend.policy`):
 
+  copy       before any update (alpha and pi_theta hold the same weights) the trainer's alpha copy scores every
+             sampled token as the model the update computes with does, within COPY_TOLERANCE (the largest
+             difference, not the mean: a few tokens far off make ratios far from 1)
   behaviour  the stored behaviour log-probs (what `generate` returns) equal the engine's log-probs of the sampled
              tokens within TOLERANCE (bf16 engine vs the trainer's bf16 autocast forward of the same weights), or
              within BF16_SCALE x the trainer's own bf16-vs-fp32 distance where that is larger (two bf16 forwards,
@@ -29,6 +32,7 @@ import sys
 TOLERANCE = 0.05  # mean |log-prob difference| per token: bf16 vLLM vs the trainer's bf16 forward of the same weights
 BF16_SCALE = 2.0  # behaviour: two bf16 implementations may each be the trainer's own bf16 error away from fp32
 SEPARATION = 2.0  # the wrong weights must be at least this many times further off than the right ones
+COPY_TOLERANCE = 1e-3  # largest |log-prob difference| of any token between alpha's copy and pi_theta at equal weights
 
 
 def emit(**fields):
@@ -75,6 +79,11 @@ def distance(a: list[list[float]], b) -> float:
             total += abs(x - float(b[i][j]))
             n += 1
     return total / n
+
+
+def largest(a: list[list[float]], b) -> float:
+    """Largest |a - b| of any token; b as for `distance`."""
+    return max((abs(x - float(b[i][j])) for i, row in enumerate(a) for j, x in enumerate(row)), default=0.0)
 
 
 def agreement(a: list[list[int]], b: list[list[int]]) -> float:
@@ -131,9 +140,14 @@ def main(argv: list[str]) -> int:
         tokens = [list(r.tokens) for r in flat]
         stored = [list(r.logprobs) for r in flat]
         eng = engine_logprobs(engine, flat_prompts, tokens)
+    theta = backend.score(backend.trained, flat_prompts, tokens)
+    alpha = [list(row[:len(t)]) for row, t in zip(backend.score(backend.rollout, flat_prompts, tokens).tolist(), tokens)]
+    copy_gap = largest(alpha, theta)
+    check("copy", copy_gap <= COPY_TOLERANCE, max_abs_diff=copy_gap, mean_abs_diff=distance(alpha, theta),
+          tokens=sum(map(len, tokens)))
     d = distance(eng, stored)
     # for scale, what bf16 alone moves on the trainer's side: its fp32 forward of the same weights (pi_theta = alpha
-    # before any update; alpha's bf16 copy is what generate() scores with)
+    # before any update; alpha's copy under bf16 autocast is what generate() scores with)
     autocast, backend.autocast_dtype = backend.autocast_dtype, None
     try:
         fp32 = backend.score(backend.policy, flat_prompts, tokens)
@@ -142,7 +156,8 @@ def main(argv: list[str]) -> int:
     stored = [list(row[:len(t)]) for row, t in zip(stored, tokens)]  # VL: score()'s rows are right-padded
     bf16 = distance(stored, fp32)
     tolerance = max(TOLERANCE, BF16_SCALE * bf16)
-    check("behaviour", d < tolerance, mean_abs_diff=d, tolerance=tolerance, tokens=sum(map(len, eng)),
+    check("behaviour", d < tolerance, mean_abs_diff=d, max_abs_diff=largest(eng, stored), tolerance=tolerance,
+          tokens=sum(map(len, eng)),
           trainer_bf16_vs_fp32=bf16, engine_vs_trainer_fp32=distance(eng, fp32))
     probe = [g[0].tokens for g in groups]
 
