@@ -141,7 +141,8 @@ def main(argv: list[str]) -> int:
         stored = [list(r.logprobs) for r in flat]
         eng = engine_logprobs(engine, flat_prompts, tokens)
     theta = backend.score(backend.trained, flat_prompts, tokens)
-    alpha = [list(row[:len(t)]) for row, t in zip(backend.score(backend.rollout, flat_prompts, tokens).tolist(), tokens)]
+    scored = backend.score(backend.rollout, flat_prompts, tokens).tolist()
+    alpha = [list(row[:len(t)]) for row, t in zip(scored, tokens)]
     copy_gap = largest(alpha, theta)
     check("copy", copy_gap <= COPY_TOLERANCE, max_abs_diff=copy_gap, mean_abs_diff=distance(alpha, theta),
           tokens=sum(map(len, tokens)))
