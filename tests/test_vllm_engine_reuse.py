@@ -23,10 +23,10 @@ built = []
 
 class Model:
     def __init__(self):
-        self.weights = {}
+        self.weights, self.loads = {}, 0
 
     def load_weights(self, weights):
-        self.weights = dict(weights)
+        self.weights, self.loads = dict(weights), self.loads + 1
 
 
 class LLM:
@@ -35,6 +35,13 @@ class LLM:
             raise AssertionError("CuMem allocator can only be used for one instance per process.")
         built.append(self)
         self.kwargs, self.calls, self.model = kwargs, [], Model()
+        # as vLLM's: the vision tower's output for an image, kept across requests until reset_encoder_cache
+        self.encoder_cache = {}
+        self.llm_engine = SimpleNamespace(reset_encoder_cache=self.reset_encoder_cache)
+
+    def reset_encoder_cache(self):
+        self.calls.append("reset_encoder_cache")
+        self.encoder_cache.clear()
 
     def collective_rpc(self, method):
         self.calls.append("collective_rpc")
@@ -52,8 +59,14 @@ class LLM:
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
         self.calls.append("generate")
-        answer = SimpleNamespace(token_ids=[7, 2, 9])  # 2 is the end of sequence: the engine cuts after it
-        return [SimpleNamespace(outputs=[answer] * sampling_params.n) for _ in prompts]
+        outputs = []
+        for prompt in prompts:
+            answer = [7, 2, 9]  # 2 is the end of sequence: the engine cuts after it
+            if "multi_modal_data" in prompt:  # VL: the answer says which weight load made the image's embedding
+                image = prompt["multi_modal_data"]["image"]
+                answer = [10 + self.encoder_cache.setdefault(image, self.model.loads), 2]
+            outputs.append(SimpleNamespace(outputs=[SimpleNamespace(token_ids=answer)] * sampling_params.n))
+        return outputs
 
 
 class SamplingParams:
@@ -103,7 +116,7 @@ def test_a_second_backend_takes_over_the_engine_and_the_first_refuses_use(vllm, 
     first = VllmEngine(first_backend)
     second = VllmEngine(second_backend)
     (llm,) = vllm.built
-    assert llm.calls == ["collective_rpc", "reset_prefix_cache"] * 2  # no wake_up: it was awake
+    assert llm.calls == ["collective_rpc", "reset_prefix_cache", "reset_encoder_cache"] * 2  # no wake_up: it was awake
     assert torch.equal(llm.model.weights["weight"], second_backend.rollout.weight)
     assert not torch.equal(second_backend.rollout.weight, first_backend.rollout.weight)
     assert second.sample(prompts(), 2, "rollout", greedy=False) == [[7, 2], [7, 2]]
@@ -128,7 +141,8 @@ def test_a_sleeping_engine_is_woken_for_the_next_backend_and_its_sleep_followed(
     assert engines.process_engine.asleep
     second = VllmEngine(backend_like(tmp_path))
     (llm,) = vllm.built
-    assert llm.calls[2:] == ["sleep(1)", "wake_up", "collective_rpc", "reset_prefix_cache"]
+    assert llm.calls[3:] == ["sleep(1)", "wake_up", "collective_rpc", "reset_prefix_cache",
+                             "reset_encoder_cache"]
     assert not engines.process_engine.asleep
     second.sleep()
     assert engines.process_engine.asleep
@@ -177,8 +191,25 @@ def test_an_engine_without_sleep_mode_keeps_its_memory_through_the_update(vllm, 
     engine.wake()
     assert not engines.process_engine.asleep
     assert engine.sample(prompts(), 1, "rollout", greedy=True) == [[7, 2]]
-    assert llm.calls == ["collective_rpc", "reset_prefix_cache", "generate"]
+    assert llm.calls == ["collective_rpc", "reset_prefix_cache", "reset_encoder_cache", "generate"]
     engines.process_engine = None
     vllm.built.clear()
     VllmEngine(backend_like(tmp_path, "default"))
     assert vllm.built[0].kwargs["enable_sleep_mode"] is True and vllm.built[0].kwargs["max_num_seqs"] == 1024
+
+
+def test_no_image_is_answered_with_vision_embeddings_of_weights_no_longer_loaded(vllm, tmp_path):
+    # Could fail if a weight load kept vLLM's encoder cache, which holds each image's vision embeddings across
+    # requests: X2's greedy answers under pi_theta would then see alpha's embeddings of an image already sampled,
+    # and after a sync every recently seen image would keep the old alpha's (on a GPU: engine_checks.py's x2 and sync).
+    backend = backend_like(tmp_path)
+    backend.is_vl, backend.policy = True, torch.nn.Linear(3, 2)  # pi_theta apart from alpha (delay > 1)
+    engine = VllmEngine(backend)  # load 1: alpha
+    (llm,) = vllm.built
+    diagram = [{"raw": {"prompt": "Find x.", "multi_modal_data": {"image": "diagram-1"}}}]
+    assert engine.sample(diagram, 2, "rollout", greedy=False) == [[11, 2], [11, 2]]
+    assert engine.sample(diagram, 1, "current", greedy=True) == [[12, 2]]  # load 2: pi_theta; load 3: alpha again
+    assert torch.equal(llm.model.weights["weight"], backend.rollout.weight)
+    assert engine.sample(diagram, 1, "rollout", greedy=True) == [[13, 2]]
+    engine.load_weights(backend.policy.state_dict())  # a sync: alpha <- pi_theta
+    assert engine.sample(diagram, 1, "rollout", greedy=True) == [[14, 2]]

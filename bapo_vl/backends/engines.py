@@ -147,7 +147,8 @@ class VllmEngine:
     stand-in vllm package, tests/test_vllm_engine_reuse.py) are tested.
 
     - sync (every v steps): alpha's new weights are loaded in place through `collective_rpc` into the worker's model
-      (`load_weights`), which needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine runs in this process).
+      (`load_weights`), which needs VLLM_ENABLE_V1_MULTIPROCESSING=0 (the engine runs in this process); then the
+      prefix and encoder caches are reset, as vLLM's own weight reload does.
     - X2 (policy="current"): pi_theta's weights are pushed, the responses sampled, then alpha's weights (the backend's
       own alpha copy, which also scores the behaviour log-probs) are pushed back.
     - update: the engine sleeps (level 1: weights offloaded to CPU, KV cache freed) so the trainer gets the memory.
@@ -245,7 +246,11 @@ class VllmEngine:
 
         llm = self.llm
         llm.collective_rpc(load)
-        llm.reset_prefix_cache()  # prompt KV cached under the previous weights must not serve the next generate
+        # what was computed under the previous weights must not serve the next generate: the prompts' KV, and
+        # (VL) the vision tower's embeddings, which vLLM keeps by image across requests (vLLM's own weight reload
+        # resets both; loading through the worker's model does not)
+        llm.reset_prefix_cache()
+        llm.llm_engine.reset_encoder_cache()
 
     def sleep(self):
         if not sleeps(self.backend.options.vllm_options):
