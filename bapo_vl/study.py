@@ -29,10 +29,11 @@ training. Defining H on a sample independent of the ones it is scored on keeps t
 would unlock nothing by construction). Migration: each prompt's bin (correct count 0..k) at the start against its
 bin after training (bapo_vl.reader.migration, the run record's rule).
 
-Ledger. Finished evaluations are kept in RUNS/study.jsonl, keyed (entry, seed, budget), each with its step, rollouts
-and optimizer steps (equal rollouts are not equal updates): the same command run again continues where it stopped (an
-interrupted study loses at most the evaluations in flight). Each is also written into its run's record at that
-step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger. `--entry
+Ledger. Finished evaluations are kept in RUNS/study.jsonl, keyed (entry, seed, budget), each with its step, rollouts,
+optimizer steps (equal rollouts are not equal updates) and where the rollouts went (fresh or re-evaluation, and the
+trained groups by source: the report's "Where the rollouts went"): the same command run again continues where it
+stopped (an interrupted study loses at most the evaluations in flight). Each is also written into its run's record
+at that step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger. `--entry
 NAME="key=value ..."` adds a grid entry of one's own (a learning-rate pilot: `--entry lr1e-5="algo=grpo lr=1e-5"`).
 
 Parallel runs. `--jobs N` (N > 1): the start policy is evaluated in a process of its own (`--start-only`,
@@ -418,6 +419,17 @@ def newest_checkpoint(run_dir: Path) -> tuple[int, int, int, float]:
     return step, rollouts, int(updates), seconds
 
 
+SPENT = {"fresh": "rollouts_fresh", "reevaluated": "rollouts_reevaluated", "x1": "x1", "x2": "x2", "x3": "x3"}
+
+
+def spent(run_dir: Path, step: int) -> dict[str, int]:
+    """Where a run's rollouts went up to `step`, from its record: fresh and re-evaluation rollouts, and the groups
+    its updates trained by source (X1 fresh, X2 re-evaluated, X3 replayed)."""
+    sums = query_ro(run_dir, "SELECT " + ", ".join(f"COALESCE(SUM(json_extract(metrics, '$.{m}')), 0)"
+                                                   for m in SPENT.values()) + " FROM steps WHERE step <= ?", (step,))
+    return {name: int(v) for name, v in zip(SPENT, sums[0])}
+
+
 def record_evals(run_dir: Path, step: int, row: dict, hard: list[str], k: int) -> None:
     """Write an evaluation into the run's own record (evals table, the writer `bapo eval --run` uses) at the step
     it saw, so a run carries the study's measure with it: "hard_set" (unlocked_fraction, hard_set_size, k) and
@@ -534,7 +546,7 @@ def run_study(opts: StudyOptions, say=print) -> dict:
                 record_evals(run_dir, step, row, hard, row["k"])  # first: a kill before the ledger line redoes both
                 ledger.add({"entry": entry, "seed": seed, "budget": budget, "step": step, "rollouts": rollouts,
                             "optimizer_steps": updates, "train_seconds": train_seconds,
-                            "device": device(cfg.run.device),
+                            "spent": spent(run_dir, step), "device": device(cfg.run.device),
                             **row})
                 if not opts.keep_checkpoints:
                     for old in [s for s in checkpoint_steps(run_dir) if s != step]:
@@ -991,6 +1003,7 @@ def report(result: dict, opts: StudyOptions, machine: dict, stats: dict, plots: 
               "Train s: the steps' recorded generate + score + train + sync seconds (no model loading, checkpoints or "
               "evaluations); compare them only between runs on the same device."]
     lines += comparison(stats, opts) + gains(stats, opts) + ratio_table(stats, opts) + updates_table(stats, opts)
+    lines += spending_table(result, opts)
     lines += targets_section(stats)
     lines += checkpoint_table(result, opts) + budget_check(result, opts) + bin_table(result, opts)
     lines += bin_versus_table(stats, opts) + migration_tables(result, opts)
@@ -1084,6 +1097,28 @@ def checkpoint_table(result, opts) -> list[str]:
             cells.append(f"{_ms([r['mean@k'] for r in rows])} / {_ms([r['unlocked'] for r in rows])}" if rows
                          else "–")
         out.append(f"| {entry} | " + " | ".join(cells) + " |")
+    return out
+
+
+def spending_table(result: dict, opts: StudyOptions) -> list[str]:
+    """Where each entry's rollouts went by the budget (mean over seeds), from the rows' `spent` (ledgers written
+    before it was recorded have none: no table)."""
+    entries = {e: [r.get("spent") for r in final_rows(result, e)] for e in opts.algos}
+    if not all(rows and all(rows) for rows in entries.values()):
+        return []
+    out = ["", f"## Where the rollouts went ({opts.budget:,} rollouts)", "",
+           "Rollouts by what they were spent on, and the groups in the updates' batches by source, summed over each "
+           "run's steps (mean over seeds; a group whose rewards are all equal has advantage 0 and moves nothing, but "
+           "counts where an entry keeps it, as GRPO does). A re-evaluation spends rollouts on once-failed prompts and "
+           "yields an X2 group only where the current policy now partly solves one.",
+           "", "| | fresh rollouts | re-evaluation rollouts | trained groups X1 / X2 / X3 | "
+           "rollouts per trained group |", "| --- " * 5 + "|"]
+    for e, rows in entries.items():
+        mean = {k: float(np.mean([r[k] for r in rows])) for k in SPENT}
+        groups = mean["x1"] + mean["x2"] + mean["x3"]
+        per = f"{(mean['fresh'] + mean['reevaluated']) / groups:.1f}" if groups else "–"
+        out.append(f"| {e} | {mean['fresh']:,.0f} | {mean['reevaluated']:,.0f} | "
+                   f"{mean['x1']:,.0f} / {mean['x2']:,.0f} / {mean['x3']:,.0f} | {per} |")
     return out
 
 

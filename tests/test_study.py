@@ -116,7 +116,7 @@ def test_small_study_writes_table_and_plots_at_one_budget(tmp_path, capsys):
     # the table, if the plots were not written, or if running the same command again trained anything again.
     runs, out = tmp_path / "runs", tmp_path / "out"
     argv = ["--algos", "grpo,bapo", "--seeds", "0,1", "--budget", "40", "--checkpoints", "2", "--k", "4",
-            "--limit", "8", "--runs", str(runs), "--out", str(out), *SMALL]
+            "--limit", "8", "--runs", str(runs), "--out", str(out), *SMALL, "reeval_every=1"]  # BAPO re-evaluates
     assert main(argv) == 0
     assert "grpo seed 1: " in capsys.readouterr().err
     table = (out / "results.md").read_text()
@@ -136,6 +136,16 @@ def test_small_study_writes_table_and_plots_at_one_budget(tmp_path, capsys):
             assert sum(spent[:-1]) < 40 <= sum(spent), (entry, seed, spent)  # the same budget, the same rule
             final = [r for r in result["runs"] if (r["entry"], r["seed"], r["budget"]) == (entry, seed, 40)][0]
             assert final["rollouts"] == sum(spent) and final["step"] == len(spent)
+            # where they went: the run's own step metrics summed, fresh and re-evaluation adding up to the rollouts
+            metrics = step_metrics(run_dir)
+            assert final["spent"] == {name: sum(m[key] for m in metrics) for name, key in
+                                      (("fresh", "rollouts_fresh"), ("reevaluated", "rollouts_reevaluated"),
+                                       ("x1", "x1"), ("x2", "x2"), ("x3", "x3"))}
+            assert final["spent"]["fresh"] + final["spent"]["reevaluated"] == final["rollouts"]
+            if entry == "grpo":
+                assert final["spent"]["reevaluated"] == final["spent"]["x2"] == final["spent"]["x3"] == 0
+            else:
+                assert final["spent"]["reevaluated"] > 0
             recorded = json.loads(sqlite3.connect(run_dir / "run.db").execute("SELECT json FROM config").fetchone()[0])
             assert recorded["algo"] == entry and recorded["seed"] == seed
             # every checkpoint's evaluation is also in the run's own record, at the step it saw
@@ -156,6 +166,16 @@ def test_small_study_writes_table_and_plots_at_one_budget(tmp_path, capsys):
         row = [c.strip() for c in next(x for x in lines if x.startswith(f"| {entry} |")).split("|")]
         steps = [r["step"] for r in result["runs"] if r["entry"] == entry and r["budget"] == 40]
         assert float(row[head.index("steps")].split(" ± ")[0]) == pytest.approx(sum(steps) / len(steps), abs=0.5)
+    # the spending table: each entry's means over seeds, and the rollouts per group of its batches
+    spending = lines[lines.index("## Where the rollouts went (40 rollouts)"):]
+    for entry in ("grpo", "bapo"):
+        cells = [c.strip() for c in next(x for x in spending if x.startswith(f"| {entry} |")).split("|")]
+        rows = [r["spent"] for r in result["runs"] if r["entry"] == entry and r["budget"] == 40]
+        mean = {k: sum(r[k] for r in rows) / len(rows) for k in rows[0]}
+        assert float(cells[2].replace(",", "")) == pytest.approx(mean["fresh"], abs=0.5)
+        assert float(cells[3].replace(",", "")) == pytest.approx(mean["reevaluated"], abs=0.5)
+        groups = mean["x1"] + mean["x2"] + mean["x3"]
+        assert float(cells[5]) == pytest.approx((mean["fresh"] + mean["reevaluated"]) / groups, abs=0.05)
     ledger = (runs / "study.jsonl").read_text()
     assert main(argv) == 0  # everything is in the ledger: nothing is trained or evaluated again
     assert (runs / "study.jsonl").read_text() == ledger
