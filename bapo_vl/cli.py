@@ -88,6 +88,12 @@ def cmd_tasks(args) -> int:
     return 1 if errors else 0
 
 
+def cmd_compare(args) -> int:
+    from bapo_vl.compare import cmd_compare as run
+
+    return run(args.start, args.entry, args.baseline, args.resamples, args.json, args.out)
+
+
 def cmd_eval(args) -> int:
     import yaml
 
@@ -180,6 +186,16 @@ def main(argv=None) -> int:
                    "evaluation minus it, mean@k paired by problem, with a 95 %% bootstrap interval")
     p.add_argument("--tasks-dir", dest="sub_tasks_dirs", action="append", default=[], metavar="DIR")
     p.set_defaults(fn=cmd_eval)
+    p = sub.add_parser("compare", help="compare policies by their `bapo eval --out` files: intervals over seeds and "
+                       "problems, gains over the start policy, differences from a baseline entry")
+    p.add_argument("start", help="the start policy's `bapo eval --out` file")
+    p.add_argument("--entry", action="append", default=[], metavar="NAME=FILE[,FILE...]",
+                   help="one method: its evaluation files, one per training seed, in seed order (repeatable)")
+    p.add_argument("--baseline", help="the entry the others are compared with, paired by seed and problem")
+    p.add_argument("--resamples", type=int, default=10_000, help="bootstrap resamples (default %(default)s)")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--out", metavar="FILE", help="also write the JSON object to FILE")
+    p.set_defaults(fn=cmd_compare)
     from bapo_vl.app.cli import add_parser as add_dashboard_parser  # imports no gradio until it runs
 
     add_dashboard_parser(sub)

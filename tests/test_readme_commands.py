@@ -124,6 +124,9 @@ CASES: dict[str, Case] = {
                                                    check=shows("mean@8", "recorded in runs/base (evals table) at step 1")),
     "bapo eval runs/<run> --k 32 --against start.json": Case(fill={"<run>": "base"}, add="--limit 2",
                                                              check=shows("against start.json (k=8)", "problems paired")),
+    "bapo compare start.json --entry grpo=grpo-s0.json,grpo-s1.json --entry bapo=bapo-s0.json,bapo-s1.json "
+    "--baseline grpo": Case(check=shows("| start policy | – | 0.000 |", "| grpo | 2 | 0.188", "| bapo | 2 | 0.312",
+                                       "| bapo - grpo | +0.125")),
     "bapo eval Qwen/Qwen2.5-Math-1.5B --task math --source path/to/eval_dir --splits aime24,math500":
         Case(skip="Qwen/Qwen2.5-Math-1.5B from the hub (the tests run offline)"),
 }
@@ -135,15 +138,18 @@ FILES = {  # files README commands name, written into their folder
                                         {"problem": "What is 9 - 4?", "answer": "5"},
                                         {"problem": "What is 8 / 2?", "answer": "4"}]),
     "start.json": lambda: json.dumps(start_evaluation()),
+    **{f"{algo}-s{seed}.json": (lambda right=right: json.dumps(start_evaluation(right)))  # right of 8, every problem
+       for algo, rights in (("grpo", (1, 2)), ("bapo", (2, 3))) for seed, right in enumerate(rights)},
 }
 
 
-def start_evaluation() -> dict:
-    """An earlier `bapo eval --out` result for --against: the base run's eval sets, first two problems, none right."""
+def start_evaluation(right: int = 0) -> dict:
+    """An earlier `bapo eval --out` result for --against: the base run's eval sets, first two problems, each `right`
+    of 8 samples right (none by default)."""
     from bapo_vl.plugins import get_task
 
     task = get_task("countdown")
-    sets = {split: {"problems": {p.uid: 0 for p in task.load(split=split, template="compact", limit=2)}}
+    sets = {split: {"problems": {p.uid: right for p in task.load(split=split, template="compact", limit=2)}}
             for split in task.eval_splits}
     return {"task": "countdown", "k": 8, "sets": sets}
 
