@@ -35,14 +35,6 @@ def measure(result: dict) -> str:
     return "greedy" if result.get("temperature") == 0 else f"mean@{result['k']}"
 
 
-def read_eval(file: str) -> dict:
-    """A `bapo eval --out` result, or one ValueError line naming the file."""
-    try:
-        return read_against(file)
-    except ValueError as e:
-        raise ValueError(str(e).replace("--against ", "", 1)) from None
-
-
 def problems(result: dict) -> list[str]:
     """Every problem of the evaluation, as SET/UID."""
     return [f"{name}/{uid}" for name, s in sorted(result["sets"].items()) for uid in s["problems"]]
@@ -69,7 +61,7 @@ def compare(start_file: str, entries: dict[str, list[str]], baseline: str | None
         raise ValueError("give at least one --entry NAME=FILE[,FILE...]")
     if baseline is not None and baseline not in entries:
         raise ValueError(f"--baseline {baseline}: not an entry (entries: {', '.join(entries)})")
-    start = read_eval(start_file)
+    start = read_against(start_file, label=start_file)
     keys, what = problems(start), measure(start)
     task = start.get("task")
     rows = {}
@@ -78,7 +70,7 @@ def compare(start_file: str, entries: dict[str, list[str]], baseline: str | None
             raise ValueError(f"--entry {name}: no files")
         cells = []
         for file in files:
-            result = read_eval(file)
+            result = read_against(file, label=file)
             if measure(result) != what:
                 raise ValueError(f"{file}: it measured {measure(result)}, the start policy's file {what}: compare one "
                                  f"measure at a time")

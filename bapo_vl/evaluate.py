@@ -372,17 +372,18 @@ def setup(opts: EvalOptions) -> Setup:
     return Setup(task, sets, options, eval_config(opts, model, defaults), model, checkpoint_dir, run_dir)
 
 
-def read_against(file: str) -> dict:
-    """An earlier `bapo eval --out` result, or one ValueError line naming the file and what is wrong with it."""
+def read_against(file: str, label: str | None = None) -> dict:
+    """An earlier `bapo eval --out` result, or one ValueError line naming it (`label`, default "--against FILE") and
+    what is wrong with it."""
+    label = label or f"--against {file}"
     try:
         base = json.loads(Path(file).read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ValueError(f"--against {file}: not a readable evaluation JSON ({type(e).__name__}: {e})") from e
+        raise ValueError(f"{label}: not a readable evaluation JSON ({type(e).__name__}: {e})") from e
     sets = base.get("sets") if isinstance(base, dict) else None
     if not isinstance(sets, dict) or not isinstance(base.get("k"), int) or not all(
             isinstance(m, dict) and isinstance(m.get("problems"), dict) for m in sets.values()):
-        raise ValueError(f"--against {file}: not a `bapo eval --out` result (needs k and sets with per-problem "
-                         f"counts)")
+        raise ValueError(f"{label}: not a `bapo eval --out` result (needs k and sets with per-problem counts)")
     return base
 
 
