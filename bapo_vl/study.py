@@ -899,20 +899,25 @@ def targets(result: dict, opts: StudyOptions, stats: dict) -> list[dict]:
         return {"status": "met" if d["diff"] >= 0.02 and d["low"] > 0 else "not met",
                 "detail": f"Δ mean@{fk} {interval(d)}"}
 
-    def unimproved(r):  # a target the start policy already reaches says nothing about speed
-        return {"status": "not decided", "detail": f"{r['reference']}'s final mean@{opts.k} is not above the start "
-                                                   f"policy's, which reaches it at 0 rollouts"}
+    def unimproved(r):  # a target the start policy may already reach says nothing about speed
+        if r["ratio"] == 0:
+            return {"status": "not decided", "detail": f"{r['reference']}'s final mean@{opts.k} is not above the "
+                                                       f"start policy's, which reaches it at 0 rollouts"}
+        if r["low"] == 0:
+            return {"status": "not decided", "detail": ratio_text(r) + f"; {r['reference']}'s final mean@{opts.k} is "
+                    "not told apart from the start policy's, which reaches it at 0 rollouts in the interval"}
+        return None
 
     def bapo_faster():
         r = ratio_of("bapo", "grpo")
-        if r["ratio"] == 0:
-            return unimproved(r)
+        if found := unimproved(r):
+            return found
         return {"status": "met" if r["ratio"] <= 0.75 and r["high"] < 1 else "not met", "detail": ratio_text(r)}
 
     def dapo_slower():
         r = ratio_of("dapo", "bapo")
-        if r["ratio"] == 0:
-            return unimproved(r)
+        if found := unimproved(r):
+            return found
         if math.isfinite(r["ratio"]):
             status = "met" if r["ratio"] >= 1.5 else "not met"
         else:  # not reached: all that is known is "more than its last checkpoint"

@@ -468,9 +468,9 @@ def level(x: float) -> list[int]:
 def constructed(curve: dict[str, list[tuple[int, float]]], seeds=(0, 1, 2), k: int = 4, budget: int = 100,
                 extend: dict | None = None):
     """A study result as run_study returns it, built from numbers chosen by hand: `curve[entry]` is (rollouts,
-    mean correct count of k) at each of the entry's checkpoints (level()), the same for every seed but that seed s
-    solves prompt 39 - s once more, so seeds differ. The start policy solves every prompt 1 of k (greedy: none);
-    its own hard-set samples solve the first 10 prompts 0 times."""
+    mean correct count of k) at each of the entry's checkpoints (level()), the same for every seed (or {seed: points}
+    for each its own) but that seed s solves prompt 39 - s once more, so seeds differ. The start policy solves every
+    prompt 1 of k (greedy: none); its own hard-set samples solve the first 10 prompts 0 times."""
     own = {e: ["algo=grpo"] for e in curve if e not in ("grpo", "bapo", "dapo")}  # entries of one's own
     opts = StudyOptions(algos=list(curve), seeds=list(seeds), budget=budget, checkpoints=2, k=k, extend=extend or {},
                         entries=own)
@@ -488,9 +488,10 @@ def constructed(curve: dict[str, list[tuple[int, float]]], seeds=(0, 1, 2), k: i
               row("start_hard", None, 0, 0, [0] * 10 + [1] * 30, sample_seed=1000)]
     hard = hard_set(starts[2]["counts"])
     runs = []
-    for entry, points in curve.items():
-        assert len(points) == len(opts.entry_budgets(entry)), entry
+    for entry, by_seed in curve.items():
         for seed in seeds:
+            points = by_seed[seed] if isinstance(by_seed, dict) else by_seed
+            assert len(points) == len(opts.entry_budgets(entry)), entry
             for b, (rollouts, x) in zip(opts.entry_budgets(entry), points):
                 counts = [min(k, c + (i == 39 - seed)) for i, c in enumerate(level(x))]
                 runs.append(brief(row(entry, seed, b, rollouts, counts), hard, starts))
@@ -539,6 +540,23 @@ def test_targets_are_met_or_not_as_constructed():
     assert "--extend dapo=2" in target(stats, "DAPO needs")["detail"]
     result, opts = constructed({"grpo": [(50, 1), (100, 2)], "bapo": [(50, 1), (100, 2)]})
     assert target(analyse(result, opts, resamples=500), "DAPO needs")["status"] == "not in this grid"
+
+
+def test_speed_is_not_decided_where_the_start_may_already_reach_the_reference():
+    # Could fail if "BAPO reaches GRPO's final with <= 0.75x its rollouts" were judged on the point ratio alone: GRPO
+    # ends above the start on average (42.3 of 40 correct) but seed 1 ends below it, so in the resamples drawing
+    # seed 1 three times (1 in 27) the start already reaches GRPO's final: the ratio's interval reaches 0x, and
+    # BAPO's 0.2x says nothing about speed.
+    grpo = {0: [(50, 1), (100, 1.1)], 1: [(50, 1), (100, 0.95)], 2: [(50, 1), (100, 1.05)]}
+    result, opts = constructed({"grpo": grpo, "bapo": [(50, 1.1), (100, 1.2)]})
+    stats = analyse(result, opts, resamples=2000)
+    ratio = next(r for r in stats["ratios"] if (r["entry"], r["reference"]) == ("bapo", "grpo"))
+    assert 0 < ratio["ratio"] <= 0.75 and ratio["high"] < 1 and ratio["low"] == 0
+    found = target(stats, "BAPO reaches GRPO")
+    assert found["status"] == "not decided" and "not told apart from the start policy's" in found["detail"]
+    # the same BAPO against a GRPO that ends above the start in every seed: met
+    result, opts = constructed({"grpo": [(50, 1), (100, 1.05)], "bapo": [(50, 1.1), (100, 1.2)]})
+    assert target(analyse(result, opts, resamples=2000), "BAPO reaches GRPO")["status"] == "met"
 
 
 def test_differences_against_the_baseline_are_holm_corrected_over_the_table():
