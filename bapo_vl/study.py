@@ -452,9 +452,28 @@ def with_new_defaults(settings: dict) -> dict:
     return {**settings, "config": {**{k: v for k, v in defaults.items() if k not in config}, **config}}
 
 
+GROWING = ("entries", "extend")  # settings a later command may add names to, leaving the earlier ones as they are
+
+
+def grown(recorded: dict, settings: dict) -> dict | None:
+    """The ledger's settings with the entries and extensions `settings` adds, or None where the two disagree: any
+    other setting, or an entry or extension both name with other overrides or budgets."""
+    if {k: v for k, v in recorded.items() if k not in GROWING} != {k: v for k, v in settings.items()
+                                                                   if k not in GROWING}:
+        return None
+    out = dict(recorded)
+    for key in GROWING:
+        old, new = recorded.get(key, {}), settings.get(key, {})
+        if any(old[name] != new[name] for name in old.keys() & new.keys()):
+            return None
+        out[key] = dict(sorted({**old, **new}.items()))
+    return out
+
+
 class Ledger:
     """The evaluations done, one JSON line each in RUNS/study.jsonl, keyed (entry, seed, budget); its first line
-    holds the settings they were made with, and a later command with other settings is refused."""
+    holds the settings they were made with. A later command may add entries and extensions (the first line grows to
+    name them); one with other settings is refused."""
 
     def __init__(self, path: Path, settings: dict):
         self.path, self.rows = path, {}
@@ -462,9 +481,17 @@ class Ledger:
         lines = text.splitlines()
         if text and not text.endswith("\n"):  # a --jobs child is appending it right now: not ours to read yet
             lines = lines[:-1]
-        if lines and with_new_defaults(json.loads(lines[0])) != settings:
-            raise ValueError(f"{path} was made with other settings ({lines[0][:300]}...): give another --runs, "
-                             f"or remove {path.parent} to start over")
+        if lines:
+            recorded = with_new_defaults(json.loads(lines[0]))
+            both = grown(recorded, settings)
+            if both is None:
+                raise ValueError(f"{path} was made with other settings ({lines[0][:300]}...): give another --runs, "
+                                 f"or remove {path.parent} to start over (a study may gain entries and extensions, "
+                                 f"not change them)")
+            if both != recorded:  # before any --jobs child exists: the parent opens the ledger first
+                tmp = path.with_name(path.name + ".tmp")
+                tmp.write_text(json.dumps(both) + "\n" + "".join(line + "\n" for line in lines[1:]))
+                os.replace(tmp, path)
         for line in lines[1:]:
             row = json.loads(line)
             self.rows[(row["entry"], row["seed"], row["budget"])] = row

@@ -286,6 +286,30 @@ def test_a_ledger_from_before_a_new_config_field_still_opens(tmp_path):
         Ledger(path, settings)
 
 
+def test_a_ledger_gains_entries_and_extensions_but_never_changes_them(tmp_path):
+    # Could fail if a study could not grow by an entry (its earlier runs retrained or the ledger refused), if the
+    # first line did not come to name the new entry (a later command would read its rows as foreign), or if an
+    # entry or extension named again with other overrides or budgets were accepted: its rows would mean two things.
+    from bapo_vl.study import Ledger
+
+    base = json.loads(json.dumps({"config": Config().to_dict(), "k": 4, "entries": {"a": ["lr=1e-5"]},
+                                  "extend": {"grpo": [64]}}))
+    path = tmp_path / "study.jsonl"
+    row = {"entry": "a", "seed": 0, "budget": 8}
+    path.write_text(json.dumps(base) + "\n" + json.dumps(row) + "\n")
+    more = {**base, "entries": {"b": ["lr=1e-4"], "a": ["lr=1e-5"]}, "extend": {"bapo": [64]}}
+    assert Ledger(path, more).get("a", 0, 8) == row
+    lines = path.read_text().splitlines()
+    assert json.loads(lines[0])["entries"] == {"a": ["lr=1e-5"], "b": ["lr=1e-4"]}
+    assert json.loads(lines[0])["extend"] == {"bapo": [64], "grpo": [64]} and json.loads(lines[1]) == row
+    assert Ledger(path, base).get("a", 0, 8) == row  # a command naming fewer entries still reads them all
+    for changed in ({**base, "entries": {"a": ["lr=1e-4"]}}, {**base, "extend": {"grpo": [128]}},
+                    {**more, "k": 8}):
+        with pytest.raises(ValueError, match="not change them"):
+            Ledger(path, changed)
+    assert json.loads(path.read_text().splitlines()[0])["entries"] == {"a": ["lr=1e-5"], "b": ["lr=1e-4"]}
+
+
 def test_a_jobs_child_gets_every_setting_of_the_study():
     # Could fail if a StudyOptions field were added to the command line but not passed on by child_argv: the
     # children of --jobs would then train or evaluate with its default, and their rows would not match the parent's.
@@ -410,12 +434,17 @@ def test_three_start_evaluations_final_k_extension_custom_entry_and_optimizer_st
     # Could fail if the hard set came from any start evaluation but start_hard, if a final row were not at final_k
     # (with its curve point at k) or a checkpoint row not at k, if the evaluations of one k did not share one seed,
     # if the extended entry stopped at the budget or a custom entry's overrides did not reach its run, if a row
-    # lacked its optimizer steps, or if a ledger of other settings were reused.
+    # lacked its optimizer steps, or if a ledger of other settings were reused. The study grows: grpo first, then
+    # the same command with the custom entry added trains only that one (grpo's rows and run stay as they were).
     runs, out = tmp_path / "runs", tmp_path / "out"
-    argv = ["--algos", "grpo,lowlr", "--entry", "lowlr=algo=grpo lr=1e-6", "--extend", "grpo=2", "--seeds", "0",
-            "--budget", "32", "--checkpoints", "2", "--k", "2", "--final-k", "4", "--hard-k", "3", "--limit", "8",
-            "--eval-seed", "5", "--runs", str(runs), "--out", str(out), *SMALL]
+    common = ["--extend", "grpo=2", "--seeds", "0", "--budget", "32", "--checkpoints", "2", "--k", "2", "--final-k",
+              "4", "--hard-k", "3", "--limit", "8", "--eval-seed", "5", "--runs", str(runs), "--out", str(out), *SMALL]
+    assert main(["--algos", "grpo", *common]) == 0
+    first = ledger_rows(runs / "study.jsonl")
+    grpo_steps = step_metrics(runs / "grpo-s0")
+    argv = ["--algos", "grpo,lowlr", "--entry", "lowlr=algo=grpo lr=1e-6", *common]
     assert main(argv) == 0
+    assert ledger_rows(runs / "study.jsonl")[:len(first)] == first and step_metrics(runs / "grpo-s0") == grpo_steps
     result = json.loads((out / "results.json").read_text())
     settings = json.loads((runs / "study.jsonl").read_text().splitlines()[0])
     assert {k: settings[k] for k in ("spacing", "k", "final_k", "hard_k", "budgets", "extend", "entries")} == {
