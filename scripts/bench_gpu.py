@@ -5,6 +5,7 @@
     python scripts/bench_gpu.py engine --engine vllm --shape text --model DIR/text --out F.json   # + plain LLM.generate
     python scripts/bench_gpu.py engine --engine transformers --shape vl --model DIR/vl --source G3K --prompts 16 --out F.json
     python scripts/bench_gpu.py update --model DIR/text --out F.json             # 16 x 1,024 tokens
+    python scripts/bench_gpu.py update --shape vl3b --model DIR/vl3b --source G3K --out F.json   # 4 prompts x 5
     python scripts/bench_gpu.py report F.json ... [bound.json ...]              # the table, ratios in the same run
     python scripts/bench_gpu.py summary F.json --baseline B.json                # one update row as JSON, its ratio
 
@@ -18,8 +19,11 @@ before `bapo_vl/backends/gqa_decode.py`, the ratios' baseline) and transformers'
 (`generate_batch`) are measured too.
 `score`: behaviour scoring (`backend.score`, the no-grad forward over sampled responses that `generate` runs after the
 engine) of prompts x 8 random responses at each `score_batch_size`, against the update's micro_batch_size.
-`update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens, after one warm-up: tokens/s,
-MFU (6 N T + causal attention FLOPs over the card's dense bf16 peak), peak allocated / reserved memory; with
+`update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens (a VL shape: `--prompts`
+Geometry3K prompts with their diagrams x the shape's group of responses at its response cap, the shape's micro-batches
+and pixels, one optimizer step), after one warm-up: tokens/s, MFU (6 N T + causal attention FLOPs over the card's
+dense bf16 peak; a VL model's vision tower counted over its patches, its attention not), EasyR1's count of it (the
+language model only), peak allocated / reserved memory; with
 `--profile`, torch.profiler's top operators of one more update (what bounds the MFU); `--set compile=true` compiles
 the policy's repeated blocks (the backend's setting: fused element-wise kernels); with `--sync-debug`, one more update
 under torch.cuda.set_sync_debug_mode("warn"): how many calls made the host wait for the GPU, and from which lines (CUDA
@@ -196,27 +200,64 @@ def probe_continuous_batching(backend, prompts, G) -> dict:
         return dict(path="transformers-generate_batch", error=f"{type(e).__name__}: {str(e)[:300]}")
 
 
-def update_bench(a) -> dict:
+def update_inputs(a, cfg, backend):
+    """The update's prompts and responses. text: 2 prompts of 64 random tokens x 8 responses of 960 (16 x 1,024
+    tokens). A VL shape: --prompts Geometry3K problems of --source, encoded with their diagrams as a run encodes them,
+    x group_size responses of max_response_length random ordinary tokens (random weights run to the cap)."""
     import torch
 
+    from bapo_vl.train import load_problems
+
+    gen = torch.Generator().manual_seed(0)
+    if a.shape == "text":
+        vocab = backend.policy.config.vocab_size
+        prompts = [dict(input_ids=torch.randint(3, vocab - 8, (64,), generator=gen)) for _ in range(2)]
+        G, R = 8, 960
+    else:
+        _, problems = load_problems(cfg.run)
+        prompts = [backend.encode(p) for p in problems[:a.prompts]]
+        vocab = backend.tokenizer.vocab_size  # ordinary tokens: no image placeholder in a response
+        G, R = cfg.sampling.group_size, cfg.sampling.max_response_length
+    responses = [[tuple(torch.randint(3, vocab - 8, (R,), generator=gen).tolist()) for _ in range(G)]
+                 for _ in prompts]
+    return prompts, responses
+
+
+def update_flops(a, backend, prompts, responses) -> tuple[float, list[int]]:
+    """6 N T + causal attention FLOPs of one update (the language model's N over every token; for a VL model the
+    vision tower's N over its patches, its attention not counted), and each sequence's length."""
+    model = backend.policy
+    text = getattr(model.config, "text_config", model.config)
+    lengths = [len(p["input_ids"]) + len(r) for p, rs in zip(prompts, responses) for r in rs]
+    vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
+    language = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n) - vision
+    patches = sum(int(p["image_grid_thw"].prod(-1).sum()) * len(rs) for p, rs in zip(prompts, responses)
+                  if "image_grid_thw" in p)
+    attention = 6 * text.num_hidden_layers * text.hidden_size * sum(n * n for n in lengths)  # causal: half of 12
+    return 6 * language * sum(lengths) + attention + 6 * vision * patches, lengths
+
+
+def update_bench(a) -> dict:
     from bapo_vl.backends.base import Response, UpdateBatch
     from bapo_vl.train import make_backend
 
-    cfg = _config("text", a.model, "transformers", None, ["mini_batch_size=2", "micro_batch_size=16",
-                                                          "max_prompt_length=64", "max_response_length=960", *a.set])
+    if a.shape == "text":
+        fixed = ["mini_batch_size=2", "micro_batch_size=16", "max_prompt_length=64", "max_response_length=960"]
+    else:  # the shape's own settings (micro-batches, lengths, pixels), one optimizer step over the prompts
+        fixed = [f"mini_batch_size={a.prompts}"]
+    cfg = _config(a.shape, a.model, "transformers", a.source, [*fixed, *a.set])
     backend = make_backend(cfg)
-    gen = torch.Generator().manual_seed(0)
-    vocab = backend.policy.config.vocab_size
-    prompt_ids = [torch.randint(3, vocab - 8, (64,), generator=gen) for _ in range(2)]
-    prompts = [dict(input_ids=ids) for ids in prompt_ids]
-    responses = [[tuple(torch.randint(3, vocab - 8, (960,), generator=gen).tolist()) for _ in range(8)] for _ in prompts]
-    flat_p = [p for p in prompts for _ in range(8)]
+    prompts, responses = update_inputs(a, cfg, backend)
+    flat_p = [p for p, rs in zip(prompts, responses) for _ in rs]
     flat_r = [r for rs in responses for r in rs]
     behaviour = backend.score(backend.rollout, flat_p, flat_r)
-    groups = tuple(tuple(Response(r, tuple(behaviour[g * 8 + i, :len(r)].tolist())) for i, r in enumerate(rs))
+    G = len(responses[0])
+    groups = tuple(tuple(Response(r, tuple(behaviour[g * G + i, :len(r)].tolist())) for i, r in enumerate(rs))
                    for g, rs in enumerate(responses))
-    batch = UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=tuple((1.0, 0.0) * 4 for _ in prompts),
-                        advantages=tuple((1.0, -1.0) * 4 for _ in prompts), step=1)
+    batch = UpdateBatch(prompts=tuple(prompts), responses=groups,
+                        rewards=tuple(tuple(float(i % 2 == 0) for i in range(G)) for _ in prompts),
+                        advantages=tuple(tuple(1.0 if i % 2 == 0 else -1.0 for i in range(G)) for _ in prompts),
+                        step=1)
     backend.update(batch)  # warm-up (and torch.compile's compilation)
     times = []
     _reset()
@@ -226,19 +267,17 @@ def update_bench(a) -> dict:
         _sync()
         times.append(time.perf_counter() - t0)
     seconds = sorted(times)[len(times) // 2]
-    c = backend.policy.config
-    n_params = sum(p.numel() for n, p in backend.policy.named_parameters() if "embed_tokens" not in n)
-    tokens, T = 16 * 1024, 1024
-    flops = 6 * n_params * tokens + 6 * c.num_hidden_layers * c.hidden_size * T * T * 16  # causal attention: half of 12
+    flops, lengths = update_flops(a, backend, prompts, responses)
+    tokens = sum(lengths)
     peak = peak_flops(card())
     memory = _memory()  # of the timed updates, before the profiled one
     syncs = sync_calls(lambda: backend.update(batch)) if a.sync_debug else {}
-    return dict(kind="update", card=card(), **provenance(), overrides=list(a.set), model=str(a.model),
-                compiled=cfg.embedded.compile,
-                mixed_precision=cfg.embedded.mixed_precision, sequences=16, tokens=tokens, seconds=seconds,
-                tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
+    return dict(kind="update", shape=a.shape, card=card(), **provenance(), overrides=list(a.set), model=str(a.model),
+                compiled=cfg.embedded.compile, micro_batch_size=cfg.embedded.micro_batch_size,
+                mixed_precision=cfg.embedded.mixed_precision, sequences=len(lengths), tokens=tokens,
+                longest=max(lengths), seconds=seconds, tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
                 mfu=flops / seconds / peak if peak else None,
-                mfu_easyr1=actor_mfu(c, [T] * 16, seconds, gpus=1, peak=peak), **memory,
+                mfu_easyr1=actor_mfu(backend.policy.config, lengths, seconds, gpus=1, peak=peak), **memory,
                 profile=profile(lambda: backend.update(batch)) if a.profile else None, **syncs)
 
 
@@ -345,8 +384,12 @@ def report(files: list[Path]):
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
         if r.get("mfu_easyr1") is not None:
             mfu += f" (EasyR1's count: {r['mfu_easyr1']:.1%})"
-        base = next(u for u in updates if u["card"] == r["card"])  # the first update of this card: the baseline
+        shape = r.get("shape", "text")
+        # the baseline: the first update of this card and shape
+        base = next(u for u in updates if u["card"] == r["card"] and u.get("shape", "text") == shape)
         ratio = f", {base['seconds'] / r['seconds']:.2f}x the first update of this card" if base is not r else ""
+        work = (f"{r['sequences']} x 1,024 tokens" if shape == "text" else
+                f"{r['sequences']} sequences of the {shape} shape, {r['tokens']:,} tokens")
         mode = [m for m in ("torch.compile" if r.get("compiled") else "",
                             r.get("mixed_precision", "autocast") if r.get("mixed_precision") != "autocast" else "") if m]
         if r.get("profile"):
@@ -354,7 +397,7 @@ def report(files: list[Path]):
         if r.get("sync_calls") is not None:
             where = ", ".join(f"{site} x{n}" for site, n in list(r["sync_sites"].items())[:8])
             print(f"\nupdate ({card_model(r)}): {r['sync_calls']} calls waited for the GPU in one update ({where})")
-        print(f"\nupdate ({', '.join([card_model(r), *mode])}): {r['sequences']} x 1,024 tokens in {r['seconds']:.3f} s = "
+        print(f"\nupdate ({', '.join([card_model(r), *mode])}): {work} in {r['seconds']:.3f} s = "
               f"{r['tokens_per_s']:,.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, MFU {mfu}{ratio}" + (
                   f"; peak allocated {r['peak_allocated_GB']:.1f} GB, reserved {r['peak_reserved_GB']:.1f} GB "
                   f"({r['peak_reserved_GB'] / r['peak_allocated_GB']:.2f}x)" if "peak_allocated_GB" in r else ""))
@@ -368,14 +411,16 @@ def update_label(r: dict) -> str:
 def update_summary(result: dict, baseline: dict | None) -> dict:
     """One update row of a benchmarks/ table: its figures and its speed over the baseline's (baseline seconds / row
     seconds), both measured by the same command; no ratio across cards."""
-    keys = ("seconds", "tokens_per_s", "tflops", "mfu", "mfu_easyr1", "peak_allocated_GB", "peak_reserved_GB")
-    row = dict(kind="summary", row=f"update ({update_label(result)})", card=result["card"], date=result.get("date"),
-               commit=result.get("commit"), model=result["model"], overrides=result.get("overrides") or [],
-               **{k: result.get(k) for k in keys})
+    keys = ("sequences", "tokens", "seconds", "tokens_per_s", "tflops", "mfu", "mfu_easyr1", "peak_allocated_GB",
+            "peak_reserved_GB")
+    row = dict(kind="summary", row=f"update ({update_label(result)})", shape=result.get("shape", "text"),
+               card=result["card"], date=result.get("date"), commit=result.get("commit"), model=result["model"],
+               overrides=result.get("overrides") or [], **{k: result.get(k) for k in keys})
     if baseline is not None:
         row["baseline"] = dict(row=f"update ({update_label(baseline)})", card=baseline["card"],
                                seconds=baseline["seconds"], mfu=baseline.get("mfu"))
-        same = card_model(result) == card_model(baseline) and result["model"] == baseline["model"]
+        same = (card_model(result) == card_model(baseline) and result["model"] == baseline["model"]
+                and result.get("tokens") == baseline.get("tokens"))  # the same work
         row["speed_x_baseline"] = baseline["seconds"] / result["seconds"] if same else None
     return row
 
@@ -396,6 +441,9 @@ def main():
     s.add_argument("--shape", choices=SHAPES, required=True)
     s.add_argument("--source", help="Geometry3K data folder (vl shape)")
     u = sub.add_parser("update")
+    u.add_argument("--shape", choices=SHAPES, default="text", help="text (the default) or a VL shape (--source)")
+    u.add_argument("--source", help="Geometry3K data folder (VL shapes)")
+    u.add_argument("--prompts", type=int, default=4, help="VL shapes: prompts, each with group_size responses")
     u.add_argument("--repeat", type=int, default=3)
     u.add_argument("--profile", action="store_true", help="one more update under torch.profiler: its top operators")
     u.add_argument("--sync-debug", action="store_true", help="one more update under torch.cuda.set_sync_debug_mode"

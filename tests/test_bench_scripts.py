@@ -271,6 +271,49 @@ def test_vl3b_run_reports_easyr1s_figures_and_the_ratio(vl3b_tiny, tmp_path):
     assert json.loads(run(BENCH, "summary", files["row"], "--baseline", other))["tokens_per_gpu_s_x_baseline"] is None
 
 
+def test_update_bench_of_the_vl3b_shape_trains_diagrams_and_counts_both_towers(vl3b_tiny, tmp_path):
+    # Could fail if benchmarks/update.sh with a Geometry3K folder did not measure both arms on the VL shape, if the VL
+    # update lost the prompts' images (then no patch is counted and the prompts are short), if the responses were not
+    # at the shape's cap, if the vision tower's parameters were counted over every token (or not at all), if the
+    # report compared it with a text update, or if the summary took a ratio across work.
+    from transformers import AutoModelForImageTextToText
+
+    from bapo_vl.backends.embedded import PromptEncoder
+    from bapo_vl.config import load_config
+    from bapo_vl.train import load_problems
+
+    shrink = ["device=cpu", "max_response_length=8", "min_pixels=3136", "max_pixels=50176"]
+    env = dict(os.environ, BENCH_DIR=str(tmp_path), REPEAT="1", PROMPTS="2", SET=" ".join(shrink))
+    done = subprocess.run(["bash", ROOT / "benchmarks" / "update.sh", vl3b_tiny, G3K], capture_output=True, text=True,
+                          timeout=900, env=env, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads(done.stdout)
+    out, compiled = tmp_path / "compute-copy.json", tmp_path / "compute-copy-compiled.json"
+    r, c = json.loads(out.read_text()), json.loads(compiled.read_text())
+    assert (r["shape"], r["sequences"], r["micro_batch_size"], r["mfu"]) == ("vl3b", 10, 1, None)  # 2 x 5, CPU
+    assert c["compiled"] and not r["compiled"] and c["tokens"] == r["tokens"]
+    assert summary["shape"] == "vl3b" and summary["speed_x_baseline"] == r["seconds"] / c["seconds"]
+    cfg = load_config("geometry3k", None, [f"model={vl3b_tiny}", f"task_options={{source: {G3K}}}", *shrink])
+    encode = PromptEncoder(str(vl3b_tiny), cfg.sampling)
+    prompts = [encode(p) for p in load_problems(cfg.run)[1][:2]]
+    lengths = [len(p["input_ids"]) + 8 for p in prompts for _ in range(5)]
+    patches = 5 * sum(int(p["image_grid_thw"].prod(-1).sum()) for p in prompts)
+    assert r["tokens"] == sum(lengths) and r["longest"] == max(lengths) and patches > 0
+    model = AutoModelForImageTextToText.from_pretrained(vl3b_tiny)
+    vision = sum(p.numel() for p in model.model.visual.parameters())
+    language = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n) - vision
+    text = model.config.text_config
+    flops = 6 * language * sum(lengths) + 6 * text.num_hidden_layers * text.hidden_size * sum(n * n for n in lengths) \
+        + 6 * vision * patches
+    assert r["tflops"] * r["seconds"] * 1e12 == pytest.approx(flops, rel=1e-9)
+    text_row = tmp_path / "text.json"
+    text_row.write_text(json.dumps(dict(r, shape="text", sequences=16, tokens=16 * 1024, seconds=r["seconds"] / 2)))
+    report = run(ROOT / "scripts" / "bench_gpu.py", "report", out, text_row)
+    assert "10 sequences of the vl3b shape, " in report and "x the first update of this card" not in report
+    other = json.loads(run(ROOT / "scripts" / "bench_gpu.py", "summary", out, "--baseline", text_row))
+    assert other["shape"] == "vl3b" and other["speed_x_baseline"] is None  # other work: no ratio
+
+
 def test_peak_gpu_memory_is_the_most_each_card_used_while_the_run_ran(tmp_path, monkeypatch):
     # Could fail if a poll replaced the peak instead of raising it, if the cards asked for were not passed to
     # nvidia-smi, if MiB were not turned into GB, or if a card reporting [N/A] broke the parse. nvidia-smi cannot run
