@@ -223,7 +223,7 @@ def update_inputs(a, cfg, backend):
     return prompts, responses
 
 
-def update_flops(a, backend, prompts, responses) -> tuple[float, list[int]]:
+def update_flops(backend, prompts, responses) -> tuple[float, list[int]]:
     """6 N T + causal attention FLOPs of one update (the language model's N over every token; for a VL model the
     vision tower's N over its patches, its attention not counted), and each sequence's length."""
     model = backend.policy
@@ -267,7 +267,7 @@ def update_bench(a) -> dict:
         _sync()
         times.append(time.perf_counter() - t0)
     seconds = sorted(times)[len(times) // 2]
-    flops, lengths = update_flops(a, backend, prompts, responses)
+    flops, lengths = update_flops(backend, prompts, responses)
     tokens = sum(lengths)
     peak = peak_flops(card())
     memory = _memory()  # of the timed updates, before the profiled one
