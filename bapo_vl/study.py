@@ -67,7 +67,8 @@ import torch
 
 from bapo_vl.backends.engines import choose_engine, resolve_device, sleeps
 from bapo_vl.config import Config, load_config, resume_config
-from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, setup
+from bapo_vl.plugins import get_task
+from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, load_sets, setup
 from bapo_vl.provenance import commit
 from bapo_vl.reader import migration as bin_migration
 from bapo_vl.record import RunRecord, query_ro
@@ -254,6 +255,8 @@ class StudyOptions:
     """write results.md, plots and results.json (--no-report: the ledger only, as --jobs children do)"""
     start_only: bool = False
     """evaluate the start policy into the ledger and stop (--jobs does it in a process of its own)"""
+    by: str | None = None
+    """a held-out problem's meta field (e.g. kind) to break the report's gains over the start down by"""
 
     def __post_init__(self):
         self.final_k = self.k if self.final_k is None else self.final_k
@@ -759,12 +762,13 @@ def versus(result: dict, a: str, b: str, metric: str, resamples: int = RESAMPLES
     return hierarchical_bootstrap_diff(accuracy(rows_a, uids, metric), accuracy(rows_b, uids, metric), resamples)
 
 
-def gain(result: dict, entry: str, metric: str, resamples: int = RESAMPLES, budget: int | None = None) -> dict:
+def gain(result: dict, entry: str, metric: str, resamples: int = RESAMPLES, budget: int | None = None,
+         uids: list[str] | None = None) -> dict:
     """entry - the start at `budget` (default the common one), paired by prompt: the start policy is one policy, so
-    it is the same row for every seed."""
+    it is the same row for every seed. `uids`: those prompts only (default all)."""
     rows = entry_rows(result, entry, result["settings"]["budget"] if budget is None else budget)
     start = start_for(result, rows)
-    uids = sorted(start["counts"])
+    uids = sorted(start["counts"]) if uids is None else uids
     start = accuracy([start], uids, metric)
     return hierarchical_bootstrap_diff(accuracy(rows, uids, metric), np.repeat(start, len(rows), axis=0), resamples)
 
@@ -830,10 +834,38 @@ def bins_of(result: dict) -> tuple[list[str], list[list[str]]]:
     return COARSE_BINS, members
 
 
-def analyse(result: dict, opts: StudyOptions, resamples: int = RESAMPLES) -> dict:
+def held_out_groups(opts: StudyOptions) -> dict[str, str]:
+    """uid -> the held-out problem's meta[opts.by], the problems loaded as the evaluations load them (task, splits,
+    source, template, limit); one ValueError line naming the field where no problem has it."""
+    run = base_config(opts).run
+    task = get_task(run.task, list(run.tasks_dirs))
+    options = {k: v for k, v in (("source", opts.source), ("template", run.task_options.get("template")))
+               if v is not None}
+    problems = [p for ps in load_sets(task, opts.split.split(","), options, opts.limit).values() for p in ps]
+    if not any(opts.by in p.meta for p in problems):
+        keys = sorted({k for p in problems for k in p.meta})
+        raise ValueError(f"--by {opts.by}: no held-out problem of task {run.task} has that meta field (theirs: "
+                         f"{', '.join(keys) or 'none'})")
+    return {p.uid: str(p.meta.get(opts.by, "(none)")) for p in problems}
+
+
+def by_group(result: dict, present: list[str], groups: dict[str, str], resamples: int) -> list[dict]:
+    """Per value of the grouping field: its prompts' count, the start's greedy and mean@k on them, and each entry's
+    gain over the start on them (paired by prompt, as gain())."""
+    sf, uids = result["start_final"], sorted(result["start_final"]["counts"])
+    out = []
+    for value in sorted({groups[u] for u in uids if u in groups}):
+        members = [u for u in uids if groups.get(u) == value]
+        out.append({"value": value, "n": len(members),
+                    "start": {m: float(accuracy([sf], members, m).mean()) for m in METRICS},
+                    "gain": {e: {m: gain(result, e, m, resamples, uids=members) for m in METRICS} for e in present}})
+    return out
+
+
+def analyse(result: dict, opts: StudyOptions, resamples: int = RESAMPLES, groups: dict[str, str] | None = None) -> dict:
     """Every number the report states beyond the ledger's: intervals, paired tests with Holm's correction, gains
-    over the start policy, rollouts-to-target ratios, the differences by start bin, the curves' bands and the
-    targets. Deterministic (fixed bootstrap seeds)."""
+    over the start policy (also by `groups`, uid -> value of the --by field), rollouts-to-target ratios, the
+    differences by start bin, the curves' bands and the targets. Deterministic (fixed bootstrap seeds)."""
     uids = sorted(result["start_final"]["counts"])
     present = [e for e in opts.algos if final_rows(result, e)]
     sf = result["start_final"]
@@ -856,6 +888,8 @@ def analyse(result: dict, opts: StudyOptions, resamples: int = RESAMPLES) -> dic
                 out["versus"].setdefault(e, {})[m] = {**t, "p_holm": corrected[e]["p_holm"],
                                                       "reject": corrected[e]["reject"], "family": len(tests)}
     out["gain"] = {e: {m: gain(result, e, m, resamples) for m in METRICS} for e in present}
+    if groups:
+        out["by"] = {"field": opts.by, "groups": by_group(result, present, groups, resamples)}
     pairs = [(e, opts.baseline) for e in present if e != opts.baseline and opts.baseline in present]
     pairs += [(a, b) for a, b in [("bapo", "grpo"), *((e, "bapo") for e in opts.extend), ("dapo", "bapo")]
               if a != b and {a, b} <= set(present) and (a, b) not in pairs]
@@ -1034,7 +1068,8 @@ def report(result: dict, opts: StudyOptions, machine: dict, stats: dict, plots: 
               "not equal updates: DAPO's dynamic sampling and BAPO's re-evaluations spend rollouts without one. "
               "Train s: the steps' recorded generate + score + train + sync seconds (no model loading, checkpoints or "
               "evaluations); compare them only between runs on the same device."]
-    lines += comparison(stats, opts) + gains(stats, opts) + ratio_table(stats, opts) + updates_table(stats, opts)
+    lines += (comparison(stats, opts) + gains(stats, opts) + gains_by(stats, opts) + ratio_table(stats, opts)
+              + updates_table(stats, opts))
     lines += spending_table(result, opts)
     lines += targets_section(stats)
     lines += checkpoint_table(result, opts) + budget_check(result, opts) + bin_table(result, opts)
@@ -1076,6 +1111,25 @@ def gains(stats: dict, opts: StudyOptions) -> list[str]:
            "| --- " * 3 + "|"]
     out += [f"| {e} | {_ci(g['mean@k'], 'diff', '{:+.3f}')} | {_ci(g['greedy'], 'diff', '{:+.3f}')} |"
             for e, g in stats["gain"].items()]
+    return out
+
+
+def gains_by(stats: dict, opts: StudyOptions) -> list[str]:
+    if "by" not in stats:
+        return []
+    fk, field, rows = opts.final_k, stats["by"]["field"], stats["by"]["groups"]
+    entries = list(rows[0]["gain"]) if rows else []
+    out = ["", f"## Gain over the start policy by {field}", "",
+           f"The held-out prompts grouped by their problem's `{field}`; each entry minus the start policy's final "
+           "evaluation on that group's prompts only, paired by prompt (95 % intervals, as above).", "",
+           f"| {field} | prompts | start greedy | start mean@{fk} | "
+           + " | ".join(f"{e}: Δ greedy | {e}: Δ mean@{fk}" for e in entries) + " |",
+           "| --- " * (4 + 2 * len(entries)) + "|"]
+    for g in rows:
+        cells = [c for e in entries for c in (_ci(g["gain"][e]["greedy"], "diff", "{:+.3f}"),
+                                              _ci(g["gain"][e]["mean@k"], "diff", "{:+.3f}"))]
+        out.append(f"| {g['value']} | {g['n']:,} | {g['start']['greedy']:.3f} | {g['start']['mean@k']:.3f} | "
+                   + " | ".join(cells) + " |")
     return out
 
 
@@ -1342,6 +1396,8 @@ def parse_args(argv: list[str]) -> StudyOptions:
                     help="(entry, seed) runs at once, each its own process (default %(default)s: one after another)")
     ap.add_argument("--no-report", action="store_true",
                     help="train and evaluate into the ledger only (--jobs children)")
+    ap.add_argument("--by", metavar="FIELD", help="break the gains over the start down by this meta field of the "
+                                                  "held-out problems (e.g. kind)")
     ap.add_argument("--start-only", action="store_true",
                     help="evaluate the start policy into the ledger and stop (what --jobs runs in its own process)")
     a = ap.parse_args(argv)
@@ -1356,7 +1412,7 @@ def parse_args(argv: list[str]) -> StudyOptions:
                         split=a.split, source=a.source, limit=a.limit, preset=a.preset, overrides=a.overrides,
                         runs=a.runs, out=a.out, eval_seed=a.eval_seed, eval_batch_size=a.eval_batch_size,
                         baseline=a.baseline, keep_checkpoints=a.keep_checkpoints, jobs=a.jobs,
-                        report=not a.no_report, start_only=a.start_only,
+                        report=not a.no_report, start_only=a.start_only, by=a.by,
                         command="python scripts/study.py " + shlex.join(argv))
 
 
@@ -1379,13 +1435,15 @@ def plain(x):
 
 def main(argv: list[str] | None = None) -> int:
     opts = parse_args(sys.argv[1:] if argv is None else argv)
+    reports = opts.report and not opts.start_only
+    groups = held_out_groups(opts) if opts.by and reports else None  # a wrong field fails before any training
     result = run_study(opts, say=lambda line: print(line, file=sys.stderr, flush=True))
-    if not opts.report or opts.start_only:
+    if not reports:
         return 0
     out = Path(opts.out or Path("docs/study") / Path(result["settings"]["config"]["model"]).name)
     out.mkdir(parents=True, exist_ok=True)
     info = machine(result)
-    stats = analyse(result, opts)
+    stats = analyse(result, opts, groups=groups)
     (out / "results.json").write_text(json.dumps(plain({"command": opts.command, "machine": info,
                                                         **without_counts(result), "statistics": stats}), indent=1))
     try:
@@ -1399,5 +1457,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def cli(argv: list[str] | None = None) -> int:
+    """main() on the command line: bad input (a ValueError: a ledger of other settings, an unknown --by field, ...)
+    is one line and exit status 2, as `bapo` says it."""
+    try:
+        return main(argv)
+    except ValueError as e:
+        print(f"study: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+
+
 if __name__ == "__main__":  # how --jobs starts its children
-    sys.exit(main())
+    sys.exit(cli())

@@ -7,7 +7,7 @@ docs/study/README.md.
 """
 import sys
 
-from bapo_vl.study import main
+from bapo_vl.study import cli
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -14,7 +14,7 @@ import torch
 from bapo_vl.cli import main as bapo
 from bapo_vl.config import Config, load_config
 from bapo_vl.study import (KNOBS, StudyOptions, analyse, bin_changes, brief, checkpoint_budgets, child_argv, coarse,
-                            extended_budgets, hard_set, main, migration, parse_args, plot,
+                            extended_budgets, final_rows, hard_set, main, migration, parse_args, plot,
                             refuse_sleeping_engines_sharing_a_card, report, unlocked)
 
 SMALL = ["batch_size=4", "group_size=4", "task_options={template: compact, limit: 64}"]  # 64 training prompts
@@ -324,7 +324,7 @@ def test_a_jobs_child_gets_every_setting_of_the_study():
     assert argv[1:3] == ["-m", "bapo_vl.study"]
     child = parse_args(argv[3:])
     own = {"algos": ["spaced"], "seeds": [4], "jobs": 1, "report": False}  # what a child does differently
-    unused = {"out", "baseline", "command", "knobs"}  # only the report reads them (children write none)
+    unused = {"out", "baseline", "command", "knobs", "by"}  # only the report reads them (children write none)
     for f in dataclasses.fields(StudyOptions):
         if f.name in unused:
             continue
@@ -586,6 +586,50 @@ def test_speed_is_not_decided_where_the_start_may_already_reach_the_reference():
     # the same BAPO against a GRPO that ends above the start in every seed: met
     result, opts = constructed({"grpo": [(50, 1), (100, 1.05)], "bapo": [(50, 1.1), (100, 1.2)]})
     assert target(analyse(result, opts, resamples=2000), "BAPO reaches GRPO")["status"] == "met"
+
+
+def test_gains_by_a_meta_field_are_the_gains_on_each_groups_prompts(tmp_path):
+    # Could fail if a group's gain were taken over every prompt (or another group's), if its start figures were not
+    # the start's on those prompts, or if the report dropped the table or printed it without --by.
+    result, opts = constructed({"grpo": [(50, 1), (100, 2)], "bapo": [(50, 1), (100, 1.5)]})
+    groups = {u: "low" if i < 10 else "high" for i, u in enumerate(PROMPTS)}
+    opts = dataclasses.replace(opts, by="kind")
+    stats = analyse(result, opts, resamples=500, groups=groups)
+    by = {g["value"]: g for g in stats["by"]["groups"]}
+    assert stats["by"]["field"] == "kind" and {v: g["n"] for v, g in by.items()} == {"high": 30, "low": 10}
+    sf = result["start_final"]
+    for value, g in by.items():
+        members = [u for u in PROMPTS if groups[u] == value]
+        assert g["start"]["mean@k"] == pytest.approx(sum(sf["counts"][u] for u in members) / sf["k"] / len(members))
+        for entry in ("grpo", "bapo"):
+            rows = final_rows(result, entry)
+            expected = sum(r["counts"][u] - sf["counts"][u] for r in rows for u in members) / sf["k"] / len(
+                members) / len(rows)
+            assert g["gain"][entry]["mean@k"]["diff"] == pytest.approx(expected)
+    assert by["low"]["gain"]["grpo"]["mean@k"]["diff"] != by["high"]["gain"]["grpo"]["mean@k"]["diff"]
+    machine = {"device": "constructed", "date": "today", "torch": "-", "commit": "-"}
+    text = report(result, opts, machine, stats)
+    assert "## Gain over the start policy by kind" in text and "| low | 10 | " in text and "| high | 30 | " in text
+    plain_stats = analyse(result, opts, resamples=500)
+    assert "by" not in plain_stats and "by kind" not in report(result, opts, machine, plain_stats)
+
+
+def test_by_names_the_held_out_problems_meta_field_or_fails_before_training(tmp_path, capsys):
+    # Could fail if the groups came from other problems than the evaluations' (splits, limit), or if an unknown field
+    # were found out only after the training (or as a traceback instead of one line naming it).
+    from bapo_vl.plugins import get_task
+    from bapo_vl.study import cli, held_out_groups
+
+    opts = StudyOptions(split="test,val", limit=4, by="kind",
+                        overrides=["task=geodraw", "task_options={template: letter}"])
+    task = get_task("geodraw", [])
+    expected = {p.uid: p.meta["kind"] for split in ("test", "val") for p in task.load(split=split, limit=4)}
+    assert held_out_groups(opts) == expected and len(expected) == 8
+    runs = tmp_path / "runs"
+    assert cli(["--by", "shape", "--budget", "8", "--runs", str(runs), "--out", str(tmp_path / "out"), *SMALL]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("study: --by shape: no held-out problem of task countdown") and "solution" in err
+    assert len(err.splitlines()) == 1 and not runs.exists()
 
 
 def test_differences_against_the_baseline_are_holm_corrected_over_the_table():
