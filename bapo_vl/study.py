@@ -67,8 +67,8 @@ import torch
 
 from bapo_vl.backends.engines import choose_engine, resolve_device, sleeps
 from bapo_vl.config import Config, load_config, resume_config
-from bapo_vl.plugins import get_task
 from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, load_sets, setup
+from bapo_vl.plugins import get_task
 from bapo_vl.provenance import commit
 from bapo_vl.reader import migration as bin_migration
 from bapo_vl.record import RunRecord, query_ro
