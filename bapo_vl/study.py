@@ -32,7 +32,9 @@ bin after training (bapo_vl.reader.migration, the run record's rule).
 Ledger. Finished evaluations are kept in RUNS/study.jsonl, keyed (entry, seed, budget), each with its step, rollouts,
 optimizer steps (equal rollouts are not equal updates) and where the rollouts went (fresh or re-evaluation, and the
 trained groups by source: the report's "Where the rollouts went"): the same command run again continues where it
-stopped (an interrupted study loses at most the evaluations in flight). Each is also written into its run's record
+stopped (an interrupted study loses at most the evaluations in flight). Each row names its run (the record's
+created_at): where a run's checkpoints are gone, the next segment trains a new run of the same seed from the start
+policy, and the report says which rows came from which run. Each is also written into its run's record
 at that step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger. `--entry
 NAME="key=value ..."` adds a grid entry of one's own (a learning-rate pilot: `--entry lr1e-5="algo=grpo lr=1e-5"`).
 
@@ -71,7 +73,7 @@ from bapo_vl.evaluate import EvalOptions, evaluate, load_backend, load_sets, set
 from bapo_vl.plugins import get_task
 from bapo_vl.provenance import commit
 from bapo_vl.reader import migration as bin_migration
-from bapo_vl.record import RunRecord, query_ro
+from bapo_vl.record import RunRecord, query_ro, read_meta
 from bapo_vl.stats import (hierarchical_bootstrap_diff, hierarchical_bootstrap_mean, holm,
                            rollouts_ratio_bootstrap)
 from bapo_vl.train import checkpoint_steps, train
@@ -566,6 +568,11 @@ def run_study(opts: StudyOptions, say=print) -> dict:
             for budget in opts.entry_budgets(entry):
                 if ledger.get(entry, seed, budget) is not None:
                     continue
+                earlier = [f"{b:,}" for b in opts.entry_budgets(entry) if b < budget and ledger.get(entry, seed, b)]
+                run_dir = Path(opts.runs) / f"{entry}-s{seed}"
+                if earlier and not (run_dir.is_dir() and checkpoint_steps(run_dir)):
+                    say(f"{entry} seed {seed}: no checkpoint in {run_dir} to continue from: a new run trains from the "
+                        f"start policy to {budget:,} (the rows at {', '.join(earlier)} came from an earlier run)")
                 run_dir, seconds = train_segment(opts, entry, seed, budget)
                 step, rollouts, updates, train_seconds = newest_checkpoint(run_dir)
                 if rollouts < budget:
@@ -577,7 +584,7 @@ def run_study(opts: StudyOptions, say=print) -> dict:
                 ledger.add({"entry": entry, "seed": seed, "budget": budget, "step": step, "rollouts": rollouts,
                             "optimizer_steps": updates, "train_seconds": train_seconds,
                             "spent": spent(run_dir, step), "device": device(cfg.run.device),
-                            **row})
+                            "run": read_meta(run_dir)["created_at"], **row})
                 if not opts.keep_checkpoints:
                     for old in [s for s in checkpoint_steps(run_dir) if s != step]:
                         shutil.rmtree(run_dir / "checkpoints" / f"step_{old}")
@@ -1051,6 +1058,7 @@ def report(result: dict, opts: StudyOptions, machine: dict, stats: dict, plots: 
              f"the budget. The start policy's own final evaluation unlocks {floor:.3f}: the floor from sampling alone",
              f"- intervals: 95 %, hierarchical bootstrap over training seeds and then prompts within each "
              f"({stats['resamples']:,} resamples); differences paired by seed and prompt",
+             *restarted_runs(result),
              "", f"## At the budget ({opts.budget:,} rollouts)", "",
              f"| | mean@{fk} [95 % interval] | greedy [95 % interval] | pass@{fk} | hard set unlocked | rollouts | "
              "optimizer steps | steps | train s |", "| --- " * 9 + "|"]
@@ -1206,6 +1214,22 @@ def spending_table(result: dict, opts: StudyOptions) -> list[str]:
         out.append(f"| {e} | {mean['fresh']:,.0f} | {mean['reevaluated']:,.0f} | "
                    f"{mean['x1']:,.0f} / {mean['x2']:,.0f} / {mean['x3']:,.0f} | {per} |")
     return out
+
+
+def restarted_runs(result) -> list[str]:
+    """A line for each (entry, seed) whose rows came from more than one run (its run record's created_at, kept in
+    every ledger row): a study continued where a run's checkpoints were gone trains a new run of the same settings
+    and seed from the start policy, and on a GPU two such runs are not the same trajectory."""
+    runs: dict[tuple, dict[str, list[int]]] = {}
+    for r in result["runs"]:
+        if "run" in r:
+            runs.setdefault((r["entry"], r["seed"]), {}).setdefault(r["run"], []).append(r["budget"])
+    return [f"- {entry} seed {seed}: its rows come from {len(by_run)} runs of the same settings and seed, each "
+            "trained from the start policy (a later one where the earlier one's checkpoints were gone): "
+            + "; ".join(f"run {i} at {', '.join(f'{b:,}' for b in sorted(budgets))}"
+                        for i, (_, budgets) in enumerate(sorted(by_run.items()), 1))
+            + ". Each row is a policy trained to its budget; the curve through them is not one run's"
+            for (entry, seed), by_run in runs.items() if len(by_run) > 1]
 
 
 def budget_check(result, opts) -> list[str]:

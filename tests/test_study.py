@@ -5,6 +5,7 @@ Nothing is mocked."""
 import dataclasses
 import json
 import math
+import shutil
 import sqlite3
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import torch
 
 from bapo_vl.cli import main as bapo
 from bapo_vl.config import Config, load_config
+from bapo_vl.record import read_meta
 from bapo_vl.study import (KNOBS, StudyOptions, analyse, bin_changes, brief, checkpoint_budgets, child_argv, coarse,
                             extended_budgets, final_rows, hard_set, main, migration, parse_args, plot,
                             refuse_sleeping_engines_sharing_a_card, report, unlocked)
@@ -182,9 +184,9 @@ def test_small_study_writes_table_and_plots_at_one_budget(tmp_path, capsys):
     assert "rollouts at step" not in capsys.readouterr().err
 
 
-def ledger_rows(path: Path) -> list[dict]:
-    """The ledger's evaluations (its first line is the settings), each with its timing dropped."""
-    return [{k: v for k, v in json.loads(line).items() if k != "train_seconds"}
+def ledger_rows(path: Path, drop=("train_seconds", "run")) -> list[dict]:
+    """The ledger's evaluations (its first line is the settings), each with its timing and run record dropped."""
+    return [{k: v for k, v in json.loads(line).items() if k not in drop}
             for line in path.read_text().splitlines()[1:]]
 
 
@@ -219,7 +221,7 @@ def test_jobs_runs_every_entry_and_seed_in_its_own_process_with_the_sequential_n
                                                                                                "parallel")]
     for r in results:
         for row in r["runs"]:
-            del row["train_seconds"]
+            del row["train_seconds"], row["run"]  # the same seeded runs, trained twice
     assert results[0]["runs"] == results[1]["runs"] and results[0]["hard_set"] == results[1]["hard_set"]
     assert "| bapo |" in (tmp_path / "parallel-out" / "results.md").read_text()
 
@@ -481,6 +483,32 @@ def test_three_start_evaluations_final_k_extension_custom_entry_and_optimizer_st
     assert (recorded["algo"], recorded["lr"], recorded["steps"]) == ("grpo", 1e-6, 32)
     with pytest.raises(ValueError, match="other settings"):
         main([*argv[:argv.index("--final-k")], "--final-k", "8", *argv[argv.index("--final-k") + 2:]])
+
+
+def test_a_run_whose_checkpoints_are_gone_trains_again_and_the_report_says_which_rows_came_from_which_run(
+        tmp_path, capsys):
+    # Could fail if a ledger row did not name its run (its record's created_at), if the study continued without
+    # saying that the run it needed was gone, or if the report passed rows of two runs off as one run's curve.
+    runs, out = tmp_path / "runs", tmp_path / "out"
+    common = ["--algos", "grpo", "--seeds", "0", "--budget", "32", "--checkpoints", "2", "--k", "2", "--final-k", "2",
+              "--hard-k", "2", "--limit", "8", "--runs", str(runs), "--out", str(out), *SMALL]
+    assert main(common) == 0
+    first = read_meta(runs / "grpo-s0")["created_at"]
+    assert {r["budget"]: r["run"] for r in ledger_rows(runs / "study.jsonl", drop=()) if r["entry"] == "grpo"} == {
+        16: first, 32: first}
+    assert "runs of the same settings" not in (out / "results.md").read_text()
+    shutil.rmtree(runs / "grpo-s0")  # its checkpoints gone: the extension cannot continue that run
+    capsys.readouterr()
+    assert main([*common, "--extend", "grpo=2"]) == 0
+    assert (f"grpo seed 0: no checkpoint in {runs / 'grpo-s0'} to continue from: a new run trains from the start "
+            "policy to 64 (the rows at 16, 32 came from an earlier run)") in capsys.readouterr().err
+    second = read_meta(runs / "grpo-s0")["created_at"]
+    assert second != first
+    assert {r["budget"]: r["run"] for r in ledger_rows(runs / "study.jsonl", drop=()) if r["entry"] == "grpo"} == {
+        16: first, 32: first, 64: second}
+    assert ("- grpo seed 0: its rows come from 2 runs of the same settings and seed, each trained from the start "
+            "policy (a later one where the earlier one's checkpoints were gone): run 1 at 16, 32; run 2 at 64."
+            ) in (out / "results.md").read_text()
 
 
 # ----------------------------------------------------------------------------- the report on constructed results
