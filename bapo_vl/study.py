@@ -780,6 +780,27 @@ def gain(result: dict, entry: str, metric: str, resamples: int = RESAMPLES, budg
     return hierarchical_bootstrap_diff(accuracy(rows, uids, metric), np.repeat(start, len(rows), axis=0), resamples)
 
 
+def gains_by_seed(result: dict, opts: StudyOptions, entries: list[str], resamples: int = RESAMPLES) -> list[dict]:
+    """Each run's gain over the start at the budget (and an extended entry's at its last checkpoint), paired by
+    prompt, its interval from resampling that run's prompts alone; then the entry's over seeds and prompts (seed
+    "all"). A target "in every seed" is judged on these: one seed's interval is the measurement's spread."""
+    out = []
+    for entry in entries:
+        for budget in dict.fromkeys([opts.budget, *([opts.entry_budgets(entry)[-1]] if entry in opts.extend else [])]):
+            rows = entry_rows(result, entry, budget)
+            if not rows:
+                continue
+            uids = sorted(start_for(result, rows)["counts"])
+            start = {m: accuracy([start_for(result, rows)], uids, m) for m in METRICS}
+            out += [{"entry": entry, "budget": budget, "seed": r["seed"], "rollouts": r["rollouts"],
+                     **{m: hierarchical_bootstrap_diff(accuracy([r], uids, m), start[m], resamples) for m in METRICS}}
+                    for r in rows]
+            out.append({"entry": entry, "budget": budget, "seed": "all",
+                        "rollouts": float(np.mean([r["rollouts"] for r in rows])),
+                        **{m: gain(result, entry, m, resamples, budget) for m in METRICS}})
+    return out
+
+
 def curves(result: dict, entry: str, upto: int | None = None) -> dict[int, list[tuple[float, float]]]:
     """seed -> [(rollouts, mean@k at k)], from the start (0 rollouts) through the entry's checkpoints (up to
     budget `upto`): one measure along the whole curve."""
@@ -895,6 +916,7 @@ def analyse(result: dict, opts: StudyOptions, resamples: int = RESAMPLES, groups
                 out["versus"].setdefault(e, {})[m] = {**t, "p_holm": corrected[e]["p_holm"],
                                                       "reject": corrected[e]["reject"], "family": len(tests)}
     out["gain"] = {e: {m: gain(result, e, m, resamples) for m in METRICS} for e in present}
+    out["gain_by_seed"] = gains_by_seed(result, opts, present, resamples)
     if groups:
         out["by"] = {"field": opts.by, "groups": by_group(result, present, groups, resamples)}
     pairs = [(e, opts.baseline) for e in present if e != opts.baseline and opts.baseline in present]
@@ -1076,7 +1098,7 @@ def report(result: dict, opts: StudyOptions, machine: dict, stats: dict, plots: 
               "not equal updates: DAPO's dynamic sampling and BAPO's re-evaluations spend rollouts without one. "
               "Train s: the steps' recorded generate + score + train + sync seconds (no model loading, checkpoints or "
               "evaluations); compare them only between runs on the same device."]
-    lines += (comparison(stats, opts) + gains(stats, opts) + gains_by(stats, opts) + ratio_table(stats, opts)
+    lines += (comparison(stats, opts) + gains(stats, opts) + seed_gains(stats, opts) + gains_by(stats, opts) + ratio_table(stats, opts)
               + updates_table(stats, opts))
     lines += spending_table(result, opts)
     lines += targets_section(stats)
@@ -1119,6 +1141,18 @@ def gains(stats: dict, opts: StudyOptions) -> list[str]:
            "| --- " * 3 + "|"]
     out += [f"| {e} | {_ci(g['mean@k'], 'diff', '{:+.3f}')} | {_ci(g['greedy'], 'diff', '{:+.3f}')} |"
             for e, g in stats["gain"].items()]
+    return out
+
+
+def seed_gains(stats: dict, opts: StudyOptions) -> list[str]:
+    fk = opts.final_k
+    out = ["", "## Gain over the start policy by seed", "",
+           "Each run's final evaluation minus the start policy's, paired by prompt (an extended entry's also at its "
+           "last checkpoint). A seed's interval resamples its prompts alone: how far the measurement on these "
+           "prompts could move that run's gain; `all`: over seeds and prompts, as above.", "",
+           f"| | budget | seed | Δ mean@{fk} [95 % interval] | Δ greedy [95 % interval] |", "| --- " * 5 + "|"]
+    out += [f"| {g['entry']} | {g['budget']:,} | {g['seed']} | {_ci(g['mean@k'], 'diff', '{:+.3f}')} | "
+            f"{_ci(g['greedy'], 'diff', '{:+.3f}')} |" for g in stats["gain_by_seed"]]
     return out
 
 

@@ -599,6 +599,32 @@ def test_targets_are_met_or_not_as_constructed():
     assert target(analyse(result, opts, resamples=500), "DAPO needs")["status"] == "not in this grid"
 
 
+def test_gains_by_seed_are_each_runs_own_and_an_extended_entrys_last_checkpoint_has_them_too():
+    # Could fail if a seed's gain were taken over other seeds' rows, if its interval drew seeds rather than that
+    # run's prompts alone, if an extended entry's last checkpoint were left out, or if the "all" row differed from
+    # the gains table.
+    curve = {"grpo": {0: [(50, 1), (100, 1.5)], 1: [(50, 1), (100, 2.5)]},
+             "dapo": [(50, 1), (100, 1.5), (200, 2), (400, 3)]}
+    result, opts = constructed(curve, seeds=(0, 1), extend={"dapo": 4})
+    stats = analyse(result, opts, resamples=2000)
+    rows = {(g["entry"], g["budget"], g["seed"]): g for g in stats["gain_by_seed"]}
+    assert set(rows) == {(e, b, s) for e, budgets in (("grpo", (100,)), ("dapo", (100, 400)))
+                         for b in budgets for s in (0, 1, "all")}
+    start = result["start_final"]
+    for r in [r for r in result["runs"] if r["budget"] in (100, 400)]:
+        g = rows[r["entry"], r["budget"], r["seed"]]
+        for m in ("mean@k", "greedy"):
+            assert g[m]["diff"] == pytest.approx(r[m] - start[m]) and g[m]["n_seeds"] == 1, (r["entry"], m)
+            assert g[m]["low"] <= g[m]["diff"] <= g[m]["high"]
+    assert rows["grpo", 100, 1]["mean@k"]["diff"] - rows["grpo", 100, 0]["mean@k"]["diff"] == pytest.approx(0.25)
+    assert rows["grpo", 100, "all"]["mean@k"] == stats["gain"]["grpo"]["mean@k"]
+    assert rows["dapo", 400, "all"]["mean@k"]["diff"] == pytest.approx(2 / 4 + 1 / 4 / 40)
+    text = report(result, opts, {"device": "constructed", "date": "today", "torch": "-", "commit": "-"}, stats)
+    assert "## Gain over the start policy by seed" in text
+    g = rows["dapo", 400, 0]["greedy"]
+    assert "| dapo | 400 | 0 | " in text and f"{g['diff']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] |" in text
+
+
 def test_speed_is_not_decided_where_the_start_may_already_reach_the_reference():
     # Could fail if "BAPO reaches GRPO's final with <= 0.75x its rollouts" were judged on the point ratio alone: GRPO
     # ends above the start on average (42.3 of 40 correct) but seed 1 ends below it, so in the resamples drawing
