@@ -1098,8 +1098,8 @@ def report(result: dict, opts: StudyOptions, machine: dict, stats: dict, plots: 
               "not equal updates: DAPO's dynamic sampling and BAPO's re-evaluations spend rollouts without one. "
               "Train s: the steps' recorded generate + score + train + sync seconds (no model loading, checkpoints or "
               "evaluations); compare them only between runs on the same device."]
-    lines += (comparison(stats, opts) + gains(stats, opts) + seed_gains(stats, opts) + gains_by(stats, opts) + ratio_table(stats, opts)
-              + updates_table(stats, opts))
+    lines += (comparison(stats, opts) + gains(stats, opts) + seed_gains(stats, opts) + gains_by(stats, opts)
+              + ratio_table(stats, opts) + updates_table(stats, opts))
     lines += spending_table(result, opts)
     lines += targets_section(stats)
     lines += checkpoint_table(result, opts) + budget_check(result, opts) + bin_table(result, opts)
