@@ -24,7 +24,7 @@ FORBIDDEN = {
     "an issue number": r"\bissues?\s+#?\d+\b",
     "a session number": r"\bsessions?\s+\d+\b|\bsession\d+",
     "the device tool": r"\bdevice\s+tool\b",
-    "a development machine's path": r"(?<![\w./-])[/](?:work|root)[/]|(?<![\w./-])[/]tmp[/]r\d",
+    "a development machine's path": r"(?<![\w./-])[/](?:work|root)[/]|(?<![\w./-])[/]tmp[/](?:r\d|(?:w|models|runs)[/])",
     "a deleted GPU plan script": r"device[_]session|study[_]session|\bqueues[.]sh\b|\benv[.]sh\b",
 }
 PATTERN = re.compile("|".join(f"(?P<p{i}>{p})" for i, p in enumerate(FORBIDDEN.values())), re.IGNORECASE)
@@ -79,10 +79,12 @@ def test_the_patterns_catch_what_they_are_for():
     # Could fail if a pattern were broken (the check would then pass on anything).
     bad = ["see issue 13", "(Issue #12, item 4)", "issues 11", "session 8", "Session 12", "bench-session8",
            "the device tool's calls", "cd /work/main", "`/root/.cache`", "/tmp/r13/.carry/x.jsonl",
+           "\"model\": \"/tmp/w/work/models/text\"", "/tmp/models/vl", "run record: /tmp/runs/bench-vl/run.db",
            "bash scripts/gpu/device_session.sh q0", "scripts/gpu/queues.sh", ". scripts/gpu/env.sh",
            "study_session.sh"]
     good = ["pytorch/pytorch#196678", "an issue with the tokenizer", "a session of training", "/tmp/synth",
-            "runs/work/x", "https://example.com/work/x", "tissue 3", "/tmp/run"]
+            "runs/work/x", "https://example.com/work/x", "tissue 3", "/tmp/run",
+            "/tmp/bench-runs", "/tmp/synth-grpo", "models/text", "runs/bench-vl/run.db"]
     assert [b for b in bad if not PATTERN.search(b)] == []
     assert [g for g in good if PATTERN.search(g)] == []
 
