@@ -24,7 +24,8 @@ FORBIDDEN = {
     "an issue number": r"\bissues?\s+#?\d+\b",
     "a session number": r"\bsessions?\s+\d+\b|\bsession\d+",
     "the device tool": r"\bdevice\s+tool\b",
-    "a development machine's path": r"(?<![\w./-])[/](?:work|root)[/]|(?<![\w./-])[/]tmp[/](?:r\d|(?:w|models|runs)[/])",
+    "a development machine's path": (r"(?<![\w./-])[/](?:work|root)[/]"
+                                     r"|(?<![\w./-])[/]tmp[/](?:r\d|(?:w|models|runs)[/])"),
     "a deleted GPU plan script": r"device[_]session|study[_]session|\bqueues[.]sh\b|\benv[.]sh\b",
 }
 PATTERN = re.compile("|".join(f"(?P<p{i}>{p})" for i, p in enumerate(FORBIDDEN.values())), re.IGNORECASE)
