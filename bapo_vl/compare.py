@@ -13,7 +13,8 @@ correct / k. Printed, as in the study's report (bapo_vl/study.py):
 - each entry's mean over seeds and problems, with a 95 % hierarchical bootstrap interval (seeds, then problems
   within each);
 - its gain over the start policy's file, paired by problem (the start is one policy, the same row for every seed),
-  and each seed's gain;
+  and each seed's gain with an interval from resampling its problems alone (what a target "in every seed" is read
+  on);
 - each entry minus the baseline entry, paired by seed and problem, with its two-sided p and Holm's correction over
   the entries compared.
 """
@@ -86,7 +87,7 @@ def compare(start_file: str, entries: dict[str, list[str]], baseline: str | None
             "files": entries[name], "seeds": len(cells),
             **hierarchical_bootstrap_mean(cells, resamples),
             "gain": hierarchical_bootstrap_diff(cells, np.repeat(base[None], len(cells), axis=0), resamples),
-            "gain_by_seed": [float(c.mean() - base.mean()) for c in cells]}
+            "gain_by_seed": [hierarchical_bootstrap_diff(c[None], base[None], resamples) for c in cells]}
     if baseline is not None:
         for name in [n for n in rows if n != baseline]:
             if len(rows[name]) != len(rows[baseline]):
@@ -104,13 +105,16 @@ def report(result: dict) -> str:
     m = result["measure"]
     lines = [f"{result['problems']:,} problems; {m} per problem; intervals: 95 %, hierarchical bootstrap over seeds "
              "and then problems", "",
-             f"| | seeds | {m} [95 % interval] | Δ vs start [95 % interval] | Δ by seed |", "| --- " * 5 + "|",
+             f"| | seeds | {m} [95 % interval] | Δ vs start [95 % interval] | "
+             "Δ by seed [95 % interval over its problems] |",
+             "| --- " * 5 + "|",
              f"| start policy | – | {result['start']['mean']:.3f} | – | – |"]
     for name, e in result["entries"].items():
         g = e["gain"]
         lines.append(f"| {name} | {e['seeds']} | {e['mean']:.3f} [{e['low']:.3f}, {e['high']:.3f}] | "
                      f"{g['diff']:+.3f} [{g['low']:+.3f}, {g['high']:+.3f}] | "
-                     + " / ".join(f"{x:+.3f}" for x in e["gain_by_seed"]) + " |")
+                     + " / ".join(f"{x['diff']:+.3f} [{x['low']:+.3f}, {x['high']:+.3f}]" for x in e["gain_by_seed"])
+                     + " |")
     if result["versus"]:
         b = result["baseline"]
         lines += ["", f"Each entry minus {b}, paired by seed and problem (Holm's correction over the "

@@ -42,7 +42,8 @@ def edited(src, dst, change) -> str:
 
 def test_means_gains_and_the_baseline_difference_are_the_studys(evals, tmp_path):
     # Could fail if problems of two sets were mixed up or paired by position, if a seed's gain were not its file's
-    # mean minus the start's, or if the difference from the baseline were not paired by seed and problem.
+    # mean minus the start's (its interval from its own problems), or if the difference from the baseline were not
+    # paired by seed and problem.
     start, seeds = evals[0], [evals[1], evals[2]]
     acc = {s: counts(f) for s, f in ((0, evals[0]), (1, evals[1]), (2, evals[2]))}
     keys = problems(json.loads(evals[0].read_text()))  # the order the bootstrap resamples in
@@ -57,7 +58,10 @@ def test_means_gains_and_the_baseline_difference_are_the_studys(evals, tmp_path)
     base = np.array([acc[0][u] for u in keys])
     assert result["start"]["mean"] == pytest.approx(base.mean())
     assert result["entries"]["a"]["mean"] == pytest.approx(a.mean())
-    assert result["entries"]["a"]["gain_by_seed"] == pytest.approx([row.mean() - base.mean() for row in a])
+    by_seed = result["entries"]["a"]["gain_by_seed"]
+    assert [g["diff"] for g in by_seed] == pytest.approx([row.mean() - base.mean() for row in a])
+    assert by_seed == [hierarchical_bootstrap_diff(row[None], base[None], 2000) for row in a]  # its problems alone
+    assert all(g["n_seeds"] == 1 and g["low"] <= g["diff"] <= g["high"] for g in by_seed)
     assert result["entries"]["a"]["gain"] == hierarchical_bootstrap_diff(a, np.stack([base, base]), 2000)
     shortfall = sum(1 - acc[1][u] for u in keys if u.startswith("cd4/")) / 24 / 2  # over 2 seeds x 24 problems
     versus = result["versus"]["b"]
