@@ -324,7 +324,8 @@ def test_peak_gpu_memory_is_the_most_each_card_used_while_the_run_ran(tmp_path, 
     fake.parent.mkdir()
     fake.write_text(f"""#!/bin/sh
 echo "$@" >> {tmp_path}/args
-n=$(cat {tmp_path}/count 2>/dev/null || echo 0); echo $((n + 1)) > {tmp_path}/count
+n=$(cat {tmp_path}/count 2>/dev/null || echo 0)
+echo $((n + 1)) > {tmp_path}/count.new && mv {tmp_path}/count.new {tmp_path}/count  # whole: read meanwhile
 awk -v n=$n 'BEGIN {{ RS = "--\\n" }} NR == n + 1 {{ printf "%s", $0 }}' {readings}
 """)
     fake.chmod(0o755)
