@@ -1458,7 +1458,7 @@ def parse_args(argv: list[str]) -> StudyOptions:
                                                   "held-out problems (e.g. kind)")
     ap.add_argument("--start-only", action="store_true",
                     help="evaluate the start policy into the ledger and stop (what --jobs runs in its own process)")
-    a = ap.parse_args(argv)
+    a = ap.parse_intermixed_args(argv)  # overrides before and after options alike
     entries = dict(parse_entry(x) for x in a.entry)
     if len(entries) < len(a.entry):
         raise ValueError(f"--entry defines a name twice: {a.entry}")

@@ -333,6 +333,13 @@ def test_a_jobs_child_gets_every_setting_of_the_study():
         assert getattr(child, f.name) == own.get(f.name, getattr(opts, f.name)), f.name
 
 
+def test_overrides_may_come_before_and_after_options():
+    # Could fail if an option after the key=value overrides ended the parse ("unrecognized arguments"): growing a
+    # study by adding `--extend grpo=2` at the end of its command must work.
+    opts = parse_args(["--seeds", "0", "device=cpu", "--extend", "grpo=2", "lr=1e-5", "--budget", "64"])
+    assert (opts.overrides, opts.extend, opts.seeds, opts.budget) == (["device=cpu", "lr=1e-5"], {"grpo": 2.0}, [0], 64)
+
+
 def test_one_policy_load_gives_what_two_bapo_eval_calls_give():
     # Could fail if sharing one loaded policy between the sampled and the greedy pass changed a number (the random
     # state the sampled pass starts from, the greedy pass's settings) against two separate `bapo eval` runs.
