@@ -339,14 +339,23 @@ def base_config(opts: StudyOptions):
     return load_config(opts.preset, None, opts.overrides)
 
 
+def run_dir_of(opts: StudyOptions, entry: str, seed: int) -> Path:
+    return Path(opts.runs) / f"{entry}-s{seed}"
+
+
+def resumable(run_dir: Path) -> bool:
+    """Whether the run has a checkpoint to continue from (else its next segment trains a new run)."""
+    return run_dir.is_dir() and bool(checkpoint_steps(run_dir))
+
+
 def train_segment(opts: StudyOptions, entry: str, seed: int, budget: int) -> tuple[Path, float]:
     """Train run `entry`-s`seed` until `budget` rollouts (a new run, or resumed from its newest checkpoint).
     Returns the run directory and the seconds it took."""
-    run_dir = Path(opts.runs) / f"{entry}-s{seed}"
+    run_dir = run_dir_of(opts, entry, seed)
     # steps = the entry's last budget never binds first: every step generates at least one rollout
     steps = opts.entry_budgets(entry)[-1]
     keep = ["keep_checkpoints=0"] if opts.keep_checkpoints else []  # the trainer would prune evaluated ones
-    if run_dir.is_dir() and checkpoint_steps(run_dir):
+    if resumable(run_dir):
         cfg = resume_config(run_dir, [f"max_rollouts={budget}", f"steps={steps}", *keep])
     else:
         shutil.rmtree(run_dir, ignore_errors=True)  # a run killed before its first checkpoint starts over
@@ -569,8 +578,8 @@ def run_study(opts: StudyOptions, say=print) -> dict:
                 if ledger.get(entry, seed, budget) is not None:
                     continue
                 earlier = [f"{b:,}" for b in opts.entry_budgets(entry) if b < budget and ledger.get(entry, seed, b)]
-                run_dir = Path(opts.runs) / f"{entry}-s{seed}"
-                if earlier and not (run_dir.is_dir() and checkpoint_steps(run_dir)):
+                run_dir = run_dir_of(opts, entry, seed)
+                if earlier and not resumable(run_dir):
                     say(f"{entry} seed {seed}: no checkpoint in {run_dir} to continue from: a new run trains from the "
                         f"start policy to {budget:,} (the rows at {', '.join(earlier)} came from an earlier run)")
                 run_dir, seconds = train_segment(opts, entry, seed, budget)
@@ -790,8 +799,9 @@ def gains_by_seed(result: dict, opts: StudyOptions, entries: list[str], resample
             rows = entry_rows(result, entry, budget)
             if not rows:
                 continue
-            uids = sorted(start_for(result, rows)["counts"])
-            start = {m: accuracy([start_for(result, rows)], uids, m) for m in METRICS}
+            first = start_for(result, rows)
+            uids = sorted(first["counts"])
+            start = {m: accuracy([first], uids, m) for m in METRICS}
             out += [{"entry": entry, "budget": budget, "seed": r["seed"], "rollouts": r["rollouts"],
                      **{m: hierarchical_bootstrap_diff(accuracy([r], uids, m), start[m], resamples) for m in METRICS}}
                     for r in rows]
