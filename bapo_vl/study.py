@@ -1263,11 +1263,11 @@ def spending_table(result: dict, opts: StudyOptions) -> list[str]:
 def restarted_runs(result) -> list[str]:
     """A line for each (entry, seed) whose rows came from more than one run (its run record's created_at, kept in
     every ledger row): a study continued where a run's checkpoints were gone trains a new run of the same settings
-    and seed from the start policy, and on a GPU two such runs are not the same trajectory."""
+    and seed from the start policy, and on a GPU two such runs are not the same trajectory. Rows of a ledger written
+    before rows named their run count as one earlier run."""
     runs: dict[tuple, dict[str, list[int]]] = {}
     for r in result["runs"]:
-        if "run" in r:
-            runs.setdefault((r["entry"], r["seed"]), {}).setdefault(r["run"], []).append(r["budget"])
+        runs.setdefault((r["entry"], r["seed"]), {}).setdefault(r.get("run", ""), []).append(r["budget"])
     return [f"- {entry} seed {seed}: its rows come from {len(by_run)} runs of the same settings and seed, each "
             "trained from the start policy (a later one where the earlier one's checkpoints were gone): "
             + "; ".join(f"run {i} at {', '.join(f'{b:,}' for b in sorted(budgets))}"

@@ -17,7 +17,7 @@ from bapo_vl.config import Config, load_config
 from bapo_vl.record import read_meta
 from bapo_vl.study import (KNOBS, StudyOptions, analyse, bin_changes, brief, checkpoint_budgets, child_argv, coarse,
                             extended_budgets, final_rows, hard_set, main, migration, parse_args, plot,
-                            refuse_sleeping_engines_sharing_a_card, report, unlocked)
+                            refuse_sleeping_engines_sharing_a_card, report, restarted_runs, unlocked)
 
 SMALL = ["batch_size=4", "group_size=4", "task_options={template: compact, limit: 64}"]  # 64 training prompts
 
@@ -516,6 +516,20 @@ def test_a_run_whose_checkpoints_are_gone_trains_again_and_the_report_says_which
     assert ("- grpo seed 0: its rows come from 2 runs of the same settings and seed, each trained from the start "
             "policy (a later one where the earlier one's checkpoints were gone): run 1 at 16, 32; run 2 at 64."
             ) in (out / "results.md").read_text()
+
+
+def test_rows_of_a_ledger_that_did_not_name_their_run_count_as_one_earlier_run():
+    # Could fail if rows without a run (a ledger written before rows named theirs) were left out: the report would
+    # then pass an extension's new run and the earlier run's rows off as one curve.
+    def row(budget, run=None):
+        return {"entry": "grpo", "seed": 0, "budget": budget, **({"run": run} if run else {})}
+
+    old = [row(16), row(32)]
+    assert restarted_runs({"runs": old}) == []
+    assert restarted_runs({"runs": [*old, row(64, "2026-11-29T09:46:01")]}) == [
+        "- grpo seed 0: its rows come from 2 runs of the same settings and seed, each trained from the start policy "
+        "(a later one where the earlier one's checkpoints were gone): run 1 at 16, 32; run 2 at 64. Each row is a "
+        "policy trained to its budget; the curve through them is not one run's"]
 
 
 # ----------------------------------------------------------------------------- the report on constructed results
