@@ -24,7 +24,8 @@ Geometry3K prompts with their diagrams x the shape's group of responses at its r
 and pixels, one optimizer step), after one warm-up: tokens/s, MFU (6 N T + causal attention FLOPs over the card's
 dense bf16 peak; a VL model's vision tower counted over its patches, its attention not), EasyR1's count of it (the
 language model only), peak allocated / reserved memory; with
-`--profile`, torch.profiler's top operators of one more update (what bounds the MFU); `--set compile=true` compiles
+`--profile`, torch.profiler's top operators of one more update and its device time by part (the vision tower's and the
+language model's forward and backward, the optimizer step, the rest: what bounds the MFU); `--set compile=true` compiles
 the policy's repeated blocks (the backend's setting: fused element-wise kernels); with `--sync-debug`, one more update
 under torch.cuda.set_sync_debug_mode("warn"): how many calls made the host wait for the GPU, and from which lines (CUDA
 only: on CPU it says so and records nothing).
@@ -278,7 +279,7 @@ def update_bench(a) -> dict:
                 longest=max(lengths), seconds=seconds, tokens_per_s=tokens / seconds, tflops=flops / seconds / 1e12,
                 mfu=flops / seconds / peak if peak else None,
                 mfu_easyr1=actor_mfu(backend.policy.config, lengths, seconds, gpus=1, peak=peak), **memory,
-                profile=profile(lambda: backend.update(batch)) if a.profile else None, **syncs)
+                **(profile(lambda: backend.update(batch), backend.trained) if a.profile else {}), **syncs)
 
 
 def sync_calls(fn) -> dict:
@@ -311,20 +312,81 @@ def sync_calls(fn) -> dict:
     return dict(sync_calls=len(waits), sync_sites=dict(sites.most_common()))
 
 
-def profile(fn, rows: int = 25) -> str:
-    """torch.profiler's table of one call of fn: the operators with the most device time (CPU time without a GPU),
-    which say what bounds a target that is missed."""
+def profile(fn, model, rows: int = 25) -> dict:
+    """torch.profiler on one call of fn, to say what bounds a target that is missed: `profile`, the table of the
+    operators with the most device time (CPU time without a GPU), and `profile_parts`, the call's time by part of
+    `model`."""
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
 
     on_gpu = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
-    with torch_profile(activities=activities) as prof:
-        fn()
-        _sync()
+    inner = getattr(model, "model", model)
+    parts = {"vision tower": getattr(inner, "visual", None), "language model": getattr(inner, "language_model", inner)}
+    hooks = [h for name, module in parts.items() if module is not None for h in labelled(module, name)]
+    try:
+        t0 = time.perf_counter()
+        with torch_profile(activities=activities) as prof:
+            fn()
+            _sync()
+        wall = time.perf_counter() - t0
+    finally:
+        for h in hooks:
+            h.remove()
     key = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
-    return prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60)
+    return dict(profile=prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60),
+                profile_parts=profile_parts(prof.events(), [n for n, m in parts.items() if m is not None], on_gpu,
+                                            wall))
+
+
+def labelled(module, name: str) -> list:
+    """Forward hooks that put each forward of `module` in a profiler range named "NAME forward"; its backward is
+    found from the range's autograd sequence numbers (profile_parts)."""
+    import torch
+
+    def enter(mod, args):
+        mod._profiler_range = torch.ops.profiler._record_function_enter_new(f"{name} forward", None)
+
+    def leave(mod, args, out):
+        torch.ops.profiler._record_function_exit._RecordFunction(mod._profiler_range)
+
+    return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
+
+
+def profile_parts(events, names: list[str], on_gpu: bool, wall: float) -> dict:
+    """Seconds of device time (CPU time without a GPU) by part: each named module's forward (its ranges, with
+    what they call) and backward (the autograd nodes whose sequence numbers its forward ops took), the optimizer
+    step, and the rest (the LM head and loss, gradient accumulation and clipping, ...); `total`, the kernels' time
+    (without a GPU, the operators'); `wall`, the profiled call's seconds."""
+    from torch.autograd import DeviceType
+
+    def whole(e):  # a host-side event's time with what it calls (its kernels' on a GPU)
+        return e.device_time_total if on_gpu else e.cpu_time_total
+
+    def below(e):
+        yield e
+        for child in e.cpu_children:
+            yield from below(child)
+
+    host = [e for e in events if e.device_type == DeviceType.CPU]  # a range's GPU-side twin would count it twice
+    parts, backward = {}, {}
+    for name in names:
+        ranges = [e for e in host if e.name == f"{name} forward"]
+        parts[f"{name} forward"] = sum(map(whole, ranges))
+        for seq in {d.sequence_nr for r in ranges for d in below(r) if d.sequence_nr >= 0}:
+            backward[seq] = name
+    for name in names:
+        parts[f"{name} backward"] = 0.0
+    for e in host:
+        if e.name.startswith("autograd::engine::evaluate_function:") and e.sequence_nr in backward:
+            parts[f"{backward[e.sequence_nr]} backward"] += whole(e)
+    parts["optimizer step"] = sum(whole(e) for e in host if e.name.startswith("Optimizer.step#"))
+    total = (sum(e.device_time_total for e in events if e.device_type != DeviceType.CPU
+                 and not getattr(e, "is_user_annotation", False)) if on_gpu  # kernels and copies, not ranges
+             else sum(e.self_cpu_time_total for e in host))
+    parts["rest"] = total - sum(parts.values())
+    return {k: v / 1e6 for k, v in parts.items()} | {"total": total / 1e6, "wall": wall}
 
 
 HOW = ("vllm_options=", "generate_batch_size=")  # engine settings that change how rows are decoded, not what
@@ -394,6 +456,8 @@ def report(files: list[Path]):
                             r.get("mixed_precision", "autocast") if r.get("mixed_precision") != "autocast" else "") if m]
         if r.get("profile"):
             print(f"\nupdate profile ({card_model(r)}):\n{r['profile']}")
+        if r.get("profile_parts"):
+            print(f"\nupdate profile ({card_model(r)}) by part: {parts_line(r['profile_parts'])}")
         if r.get("sync_calls") is not None:
             where = ", ".join(f"{site} x{n}" for site, n in list(r["sync_sites"].items())[:8])
             print(f"\nupdate ({card_model(r)}): {r['sync_calls']} calls waited for the GPU in one update ({where})")
@@ -401,6 +465,13 @@ def report(files: list[Path]):
               f"{r['tokens_per_s']:,.0f} tokens/s, {r['tflops']:.1f} TFLOP/s, MFU {mfu}{ratio}" + (
                   f"; peak allocated {r['peak_allocated_GB']:.1f} GB, reserved {r['peak_reserved_GB']:.1f} GB "
                   f"({r['peak_reserved_GB'] / r['peak_allocated_GB']:.2f}x)" if "peak_allocated_GB" in r else ""))
+
+
+def parts_line(parts: dict) -> str:
+    """profile_parts as one line: each part's seconds and share of the total, then the total against the wall."""
+    total = parts["total"]
+    shares = ", ".join(f"{k} {v:.3f} s ({v / total:.0%})" for k, v in parts.items() if k not in ("total", "wall"))
+    return f"{shares}; all {total:.3f} s in a {parts['wall']:.3f} s call ({total / parts['wall']:.0%} busy)"
 
 
 def update_label(r: dict) -> str:
@@ -445,7 +516,8 @@ def main():
     u.add_argument("--source", help="Geometry3K data folder (VL shapes)")
     u.add_argument("--prompts", type=int, default=4, help="VL shapes: prompts, each with group_size responses")
     u.add_argument("--repeat", type=int, default=3)
-    u.add_argument("--profile", action="store_true", help="one more update under torch.profiler: its top operators")
+    u.add_argument("--profile", action="store_true",
+                   help="one more update under torch.profiler: its top operators, its time by part")
     u.add_argument("--sync-debug", action="store_true", help="one more update under torch.cuda.set_sync_debug_mode"
                    "('warn'): how many calls made the host wait for the GPU, and where (CUDA only)")
     for p in (e, s, u):

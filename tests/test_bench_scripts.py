@@ -314,6 +314,77 @@ def test_update_bench_of_the_vl3b_shape_trains_diagrams_and_counts_both_towers(v
     assert other["shape"] == "vl3b" and other["speed_x_baseline"] is None  # other work: no ratio
 
 
+def test_update_profile_splits_the_time_by_tower_forward_and_backward(vl3b_tiny, tmp_path):
+    # Could fail if the profile lost a part (a tower's forward range not recorded, its backward not found from the
+    # forward's autograd sequence numbers, the optimizer step not named), if the parts did not add up to the profiled
+    # operators' time, or if the report stopped printing them. A text model has no vision tower part.
+    vl, text = tmp_path / "vl.json", tmp_path / "text.json"
+    run(ROOT / "scripts" / "bench_gpu.py", "update", "--shape", "vl3b", "--model", vl3b_tiny, "--source", G3K,
+        "--prompts", "1", "--repeat", "1", "--profile", "--out", vl, "--set", "device=cpu", "max_response_length=8",
+        "min_pixels=3136", "max_pixels=50176", cwd=tmp_path)
+    parts = json.loads(vl.read_text())["profile_parts"]
+    named = ["vision tower forward", "language model forward", "vision tower backward", "language model backward",
+             "optimizer step"]
+    assert list(parts) == [*named, "rest", "total", "wall"]
+    assert all(parts[k] > 0 for k in named) and parts["rest"] >= 0
+    assert sum(parts[k] for k in [*named, "rest"]) == pytest.approx(parts["total"])
+    assert parts["total"] <= parts["wall"]
+    assert "aten::mm" in json.loads(vl.read_text())["profile"]
+    assert "update profile (cpu) by part: vision tower forward " in run(ROOT / "scripts" / "bench_gpu.py", "report", vl)
+    run(ROOT / "scripts" / "bench_gpu.py", "update", "--model", POLICY, "--repeat", "1", "--profile", "--out", text,
+        "--set", "device=cpu", cwd=tmp_path)
+    parts = json.loads(text.read_text())["profile_parts"]
+    assert [k for k in parts if "tower" in k or "model" in k] == ["language model forward", "language model backward"]
+    assert parts["language model forward"] > 0 and parts["language model backward"] > 0
+
+
+def test_profile_parts_on_a_gpu_count_each_kernel_once():
+    # Could fail if a GPU trace's ranges were counted twice (the host range and its GPU-side annotation), if a
+    # backward node were not found from its forward op's sequence number, or if the kernels' total took in the
+    # annotations. torch's own FunctionEvent, as torch.profiler builds it from a CUDA trace.
+    from torch.autograd import DeviceType
+    from torch.autograd.profiler_util import FunctionEvent
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    try:
+        from bench_gpu import profile_parts
+    finally:
+        sys.path.remove(str(ROOT / "scripts"))
+    ids = iter(range(100))
+
+    def host(name, start, end, sequence_nr=-1, kernel_us=0, children=(), user=False):
+        e = FunctionEvent(next(ids), name, thread=1, start_us=start, end_us=end, sequence_nr=sequence_nr,
+                          use_device="cuda", is_user_annotation=user)
+        if kernel_us:
+            e.append_kernel("sm90_gemm", 0, kernel_us)
+        for child in children:
+            e.append_cpu_child(child)
+            child.set_cpu_parent(e)
+        return e
+
+    def device(name, us, user=False):
+        return FunctionEvent(next(ids), name, thread=7, start_us=0, end_us=us, use_device="cuda",
+                             device_type=DeviceType.CUDA, is_user_annotation=user)
+
+    mm = host("aten::mm", 1, 2, sequence_nr=5, kernel_us=300)
+    forward = host("vision tower forward", 0, 10, children=[mm], user=True)
+    lm = host("aten::mm", 11, 12, sequence_nr=6, kernel_us=200)
+    lm_forward = host("language model forward", 10, 20, children=[lm], user=True)
+    mm_back = host("autograd::engine::evaluate_function: MmBackward0", 30, 40, sequence_nr=5,
+                   children=[host("aten::mm", 31, 32, kernel_us=600)])
+    lm_back = host("autograd::engine::evaluate_function: MmBackward0", 40, 50, sequence_nr=6,
+                   children=[host("aten::mm", 41, 42, kernel_us=400)])
+    step = host("Optimizer.step#AdamW.step", 50, 60, children=[host("aten::_fused_adamw_", 51, 52, kernel_us=100)])
+    head = host("aten::mm", 60, 61, kernel_us=250)  # outside both towers: the rest
+    kernels = [device("sm90_gemm", us) for us in (300, 200, 600, 400, 100, 250)]
+    events = [forward, mm, lm_forward, lm, mm_back, lm_back, step, head, *kernels,
+              device("vision tower forward", 5_000, user=True), device("Optimizer.step#AdamW.step", 900, user=True)]
+    parts = profile_parts(events, ["vision tower", "language model"], on_gpu=True, wall=0.004)
+    assert parts == pytest.approx({"vision tower forward": 300e-6, "language model forward": 200e-6,
+                                   "vision tower backward": 600e-6, "language model backward": 400e-6,
+                                   "optimizer step": 100e-6, "rest": 250e-6, "total": 1850e-6, "wall": 0.004})
+
+
 def test_peak_gpu_memory_is_the_most_each_card_used_while_the_run_ran(tmp_path, monkeypatch):
     # Could fail if a poll replaced the peak instead of raising it, if the cards asked for were not passed to
     # nvidia-smi, if MiB were not turned into GB, or if a card reporting [N/A] broke the parse. nvidia-smi cannot run
