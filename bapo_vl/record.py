@@ -12,7 +12,8 @@ bapo_vl/reader.py, used by both `bapo runs show` and the dashboard.
 Schema (SCHEMA_VERSION = 3; JSON columns are text):
 
     meta(key PRIMARY KEY, value)       schema_version, created_at, name, status (running/finished/failed),
-                                       backend, bapo_vl_version, finished_at, resumed_at, upgraded_at,
+                                       backend, bapo_vl_version, commit (the code's, where known: provenance),
+                                       finished_at, resumed_at, upgraded_at,
                                        verifier_version, verifier_versions ([[version, first step], ...])
     config(json)                       the full config, one row (a resume writes its changes, e.g. steps, into it)
     steps(step PRIMARY KEY, time,      one row per training step; `metrics` holds every key the trainer
@@ -68,6 +69,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 import bapo_vl
+from bapo_vl.provenance import commit
 
 log = logging.getLogger(__name__)
 
@@ -291,7 +293,8 @@ class RunRecord:
         with conn:
             conn.executescript(SCHEMA)
             meta = {"schema_version": SCHEMA_VERSION, "created_at": _now(), "name": name or run_dir.name,
-                    "status": "running", "backend": backend, "bapo_vl_version": bapo_vl.__version__}
+                    "status": "running", "backend": backend, "bapo_vl_version": bapo_vl.__version__,
+                    "commit": commit() or ""}
             conn.executemany("INSERT INTO meta VALUES (?, ?)", [(k, str(v)) for k, v in meta.items()])
             conn.execute("INSERT INTO config VALUES (?)", (json.dumps(config, default=str),))
         return cls(run_dir, conn, sinks)

@@ -124,7 +124,7 @@ def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
     The JSON object is read_run(run_dir), a stable interface:
       run_dir  path of the run directory
       meta     {schema_version, created_at, name, status, backend, bapo_vl_version,
-                [finished_at, resumed_at, upgraded_at, verifier_version, verifier_versions]}
+                [commit, finished_at, resumed_at, upgraded_at, verifier_version, verifier_versions]}
       config   the full config as logged at creation
       steps    [{step, time, bins, x1, x2, x3, batch_size, bad_size, high_size, c2, c3, r_tot, rollouts,
                  fresh_reward, reward, loss, kl, entropy, clip_frac, t_generate, t_generate_sample,
@@ -148,7 +148,7 @@ def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
         return 0
     meta, summary = rec["meta"], rec["summary"]
     print(f"{meta.get('name')}  [{shown_status(run_dir, meta.get('status'))}]  {run_dir}  backend={meta.get('backend')}  "
-          f"bapo-vl {meta.get('bapo_vl_version')}")
+          f"bapo-vl {meta.get('bapo_vl_version')}" + (f" ({meta['commit']})" if meta.get("commit") else ""))
     print("config:", json.dumps(rec["config"], indent=2))
     _print_table("steps", [h for h, _, _ in SHOW_COLUMNS],
                  [[_fmt(s.get(k), f) for _, k, f in SHOW_COLUMNS] for s in rec["steps"]])

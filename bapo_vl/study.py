@@ -33,8 +33,9 @@ Ledger. Finished evaluations are kept in RUNS/study.jsonl, keyed (entry, seed, b
 optimizer steps (equal rollouts are not equal updates) and where the rollouts went (fresh or re-evaluation, and the
 trained groups by source: the report's "Where the rollouts went"): the same command run again continues where it
 stopped (an interrupted study loses at most the evaluations in flight). Each row names its run (the record's
-created_at): where a run's checkpoints are gone, the next segment trains a new run of the same seed from the start
-policy, and the report says which rows came from which run. Each is also written into its run's record
+created_at) and the code's commit: where a run's checkpoints are gone, the next segment trains a new run of the same
+seed from the start policy, and the report says which rows came from which run (and from which code, where that
+differs). Each is also written into its run's record
 at that step (evals "hard_set" and "heldout"), where the dashboard shows it next to the run's own ledger. `--entry
 NAME="key=value ..."` adds a grid entry of one's own (a learning-rate pilot: `--entry lr1e-5="algo=grpo lr=1e-5"`).
 
@@ -593,7 +594,7 @@ def run_study(opts: StudyOptions, say=print) -> dict:
                 ledger.add({"entry": entry, "seed": seed, "budget": budget, "step": step, "rollouts": rollouts,
                             "optimizer_steps": updates, "train_seconds": train_seconds,
                             "spent": spent(run_dir, step), "device": device(cfg.run.device),
-                            "run": read_meta(run_dir)["created_at"], **row})
+                            **run_of(run_dir), **row})
                 if not opts.keep_checkpoints:
                     for old in [s for s in checkpoint_steps(run_dir) if s != step]:
                         shutil.rmtree(run_dir / "checkpoints" / f"step_{old}")
@@ -1090,7 +1091,7 @@ def report(result: dict, opts: StudyOptions, machine: dict, stats: dict, plots: 
              f"the budget. The start policy's own final evaluation unlocks {floor:.3f}: the floor from sampling alone",
              f"- intervals: 95 %, hierarchical bootstrap over training seeds and then prompts within each "
              f"({stats['resamples']:,} resamples); differences paired by seed and prompt",
-             *restarted_runs(result),
+             *restarted_runs(result), *codes_of_runs(result),
              "", f"## At the budget ({opts.budget:,} rollouts)", "",
              f"| | mean@{fk} [95 % interval] | greedy [95 % interval] | pass@{fk} | hard set unlocked | rollouts | "
              "optimizer steps | steps | train s |", "| --- " * 9 + "|"]
@@ -1258,6 +1259,25 @@ def spending_table(result: dict, opts: StudyOptions) -> list[str]:
         out.append(f"| {e} | {mean['fresh']:,.0f} | {mean['reevaluated']:,.0f} | "
                    f"{mean['x1']:,.0f} / {mean['x2']:,.0f} / {mean['x3']:,.0f} | {per} |")
     return out
+
+
+def run_of(run_dir) -> dict:
+    """What a ledger row keeps of the run it came from: the record's created_at (which run) and the code's commit
+    (which code; "" where it was not known)."""
+    meta = read_meta(run_dir)
+    return {"run": meta["created_at"], "commit": meta.get("commit", "")}
+
+
+def codes_of_runs(result) -> list[str]:
+    """A line when the runs' rows were trained by more than one version of the code (the commit in each row; rows
+    from before rows kept it count as "not recorded"): a study continued after an upgrade mixes them."""
+    budgets: dict[str, set[int]] = {}
+    for r in result["runs"]:
+        budgets.setdefault(r.get("commit") or "not recorded", set()).add(r["budget"])
+    if len(budgets) < 2:
+        return []
+    return ["- the runs were trained by more than one version of the code: "
+            + "; ".join(f"commit {c} at {', '.join(f'{b:,}' for b in sorted(bs))}" for c, bs in budgets.items())]
 
 
 def restarted_runs(result) -> list[str]:

@@ -11,6 +11,7 @@ from PIL import Image
 from bapo_vl import record as R
 from bapo_vl.cli import main
 from bapo_vl.problem import Problem
+from bapo_vl.provenance import commit
 from bapo_vl.reader import Run, read_run
 from bapo_vl.record import FILTERED, NOT_PROMOTED, X1, X2, X3, RunRecord, connect_ro, find_runs, make_sinks, query_ro
 from bapo_vl.runs_cli import cmd_runs_list, cmd_runs_show, cmd_runs_upgrade
@@ -56,6 +57,7 @@ def test_round_trip_meta_config_steps(tmp_path):
     meta = run["meta"]
     assert (meta["name"], meta["status"], meta["backend"], meta["schema_version"]) == ("demo", "finished", "verl", str(R.SCHEMA_VERSION))
     assert "created_at" in meta and "finished_at" in meta and "bapo_vl_version" in meta
+    assert meta["commit"] == (commit() or "")  # which code made the run: this checkout's commit
     s1, s2 = run["steps"]
     assert (s1["step"], s1["x1"], s1["x3"], s1["loss"], s1["t_generate"]) == (1, 5, 2, 0.25, 1.5)
     assert (s2["step"], s2["x1"], s2["loss"]) == (2, 6, 0.125)

@@ -14,9 +14,10 @@ import torch
 
 from bapo_vl.cli import main as bapo
 from bapo_vl.config import Config, load_config
+from bapo_vl.provenance import commit
 from bapo_vl.record import read_meta
 from bapo_vl.study import (KNOBS, StudyOptions, analyse, bin_changes, brief, checkpoint_budgets, child_argv, coarse,
-                            extended_budgets, final_rows, hard_set, main, migration, parse_args, plot,
+                            codes_of_runs, extended_budgets, final_rows, hard_set, main, migration, parse_args, plot,
                             refuse_sleeping_engines_sharing_a_card, report, restarted_runs, unlocked)
 
 SMALL = ["batch_size=4", "group_size=4", "task_options={template: compact, limit: 64}"]  # 64 training prompts
@@ -513,6 +514,11 @@ def test_a_run_whose_checkpoints_are_gone_trains_again_and_the_report_says_which
     assert second != first
     assert {r["budget"]: r["run"] for r in ledger_rows(runs / "study.jsonl", drop=()) if r["entry"] == "grpo"} == {
         16: first, 32: first, 64: second}
+    # and the code that trained it: this checkout's commit, in the record and in each row
+    assert read_meta(runs / "grpo-s0")["commit"] == (commit() or "")
+    assert {r["commit"] for r in ledger_rows(runs / "study.jsonl", drop=()) if r["entry"] == "grpo"} == {
+        commit() or ""}
+    assert "more than one version of the code" not in (out / "results.md").read_text()
     assert ("- grpo seed 0: its rows come from 2 runs of the same settings and seed, each trained from the start "
             "policy (a later one where the earlier one's checkpoints were gone): run 1 at 16, 32; run 2 at 64."
             ) in (out / "results.md").read_text()
@@ -525,11 +531,25 @@ def test_rows_of_a_ledger_that_did_not_name_their_run_count_as_one_earlier_run()
         return {"entry": "grpo", "seed": 0, "budget": budget, **({"run": run} if run else {})}
 
     old = [row(16), row(32)]
-    assert restarted_runs({"runs": old}) == []
+    assert restarted_runs({"runs": old}) == [] and codes_of_runs({"runs": old}) == []
     assert restarted_runs({"runs": [*old, row(64, "2026-11-29T09:46:01")]}) == [
         "- grpo seed 0: its rows come from 2 runs of the same settings and seed, each trained from the start policy "
         "(a later one where the earlier one's checkpoints were gone): run 1 at 16, 32; run 2 at 64. Each row is a "
         "policy trained to its budget; the curve through them is not one run's"]
+
+
+def test_the_report_says_when_the_runs_rows_came_from_more_than_one_version_of_the_code():
+    # Could fail if a ledger row lost its run's commit, or if a study whose rows were trained by two versions of the
+    # code (continued after an upgrade, or from a ledger written before rows kept the commit) did not say so.
+    def row(budget, code=None):
+        return {"entry": "grpo", "seed": 0, "budget": budget, **({"commit": code} if code is not None else {})}
+
+    assert codes_of_runs({"runs": [row(16, "30fe519"), row(32, "30fe519")]}) == []
+    assert codes_of_runs({"runs": [row(16), row(32), row(64, "17d1479")]}) == [
+        "- the runs were trained by more than one version of the code: commit not recorded at 16, 32; "
+        "commit 17d1479 at 64"]
+    assert codes_of_runs({"runs": [row(16, "30fe519"), row(16, "17d1479")]}) == [
+        "- the runs were trained by more than one version of the code: commit 30fe519 at 16; commit 17d1479 at 16"]
 
 
 # ----------------------------------------------------------------------------- the report on constructed results
