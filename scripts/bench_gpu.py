@@ -323,8 +323,10 @@ def profile(fn, model, rows: int = 25) -> dict:
     on_gpu = torch.cuda.is_available()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])
     inner = getattr(model, "model", model)
-    parts = {"vision tower": getattr(inner, "visual", None), "language model": getattr(inner, "language_model", inner)}
-    hooks = [h for name, module in parts.items() if module is not None for h in labelled(module, name)]
+    parts = {name: module for name, module in (("vision tower", getattr(inner, "visual", None)),
+                                               ("language model", getattr(inner, "language_model", inner)))
+             if module is not None}
+    hooks = [h for name, module in parts.items() for h in labelled(module, name)]
     try:
         t0 = time.perf_counter()
         with torch_profile(activities=activities) as prof:
@@ -336,20 +338,19 @@ def profile(fn, model, rows: int = 25) -> dict:
             h.remove()
     key = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
     return dict(profile=prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60),
-                profile_parts=profile_parts(prof.events(), [n for n, m in parts.items() if m is not None], on_gpu,
-                                            wall))
+                profile_parts=profile_parts(prof.events(), list(parts), on_gpu, wall))
 
 
 def labelled(module, name: str) -> list:
     """Forward hooks that put each forward of `module` in a profiler range named "NAME forward"; its backward is
     found from the range's autograd sequence numbers (profile_parts)."""
-    import torch
+    from torch.autograd.profiler import record_function
 
     def enter(mod, args):
-        mod._profiler_range = torch.ops.profiler._record_function_enter_new(f"{name} forward", None)
+        mod._profiler_range = record_function(f"{name} forward").__enter__()
 
     def leave(mod, args, out):
-        torch.ops.profiler._record_function_exit._RecordFunction(mod._profiler_range)
+        mod._profiler_range.__exit__(None, None, None)
 
     return [module.register_forward_pre_hook(enter), module.register_forward_hook(leave)]
 
