@@ -6,12 +6,16 @@ at a time: one SDPA call per image and layer, one per window in the windowed lay
 thousands of small kernels a step. `segment_sdpa` groups the segments by length and runs one SDPA call per length:
 a single call when all images have one size (and, for windows, when the grid divides into whole windows).
 Same result as the per-segment loop (tests/test_vision_attention.py compares outputs and gradients).
+The grouping is read from the device once per `cu_seqlens` tensor: a tower hands the same one (or its windows' one)
+to each of its blocks, so a forward waits on the GPU twice rather than once or more in each of its blocks.
 
 `use_segment_attention(model)` registers it with transformers' AttentionInterface (adding a name; nothing of
 transformers is replaced) and selects it for the model's vision tower only; the language model keeps its own.
 The name holds "flash" because transformers hands `cu_seqlens` only to implementations whose name does.
 """
 from __future__ import annotations
+
+import weakref
 
 import torch
 import torch.nn.functional as F
@@ -27,22 +31,43 @@ def segment_sdpa(module, query, key, value, attention_mask=None, scaling=None, d
         raise ValueError(f"{NAME} is for vision towers: bidirectional attention within cu_seqlens segments")
     q, k, v = query[0], key[0], value[0]
     heads, total, dim = q.shape
-    lengths = cu_seq_lens_q[1:] - cu_seq_lens_q[:-1]
-    sizes = sorted(set(lengths.tolist()))
-    if len(sizes) == 1:  # equal segments, contiguous: a reshape, no gather
-        n, size = len(lengths), sizes[0]
-        split = lambda t: t.reshape(heads, n, size, dim).transpose(0, 1)  # noqa: E731
+    groups = segment_groups(cu_seq_lens_q)
+    if groups[0][1] is None:  # equal segments, contiguous: a reshape, no gather
+        size = groups[0][0]
+        split = lambda t: t.reshape(heads, -1, size, dim).transpose(0, 1)  # noqa: E731
         out = F.scaled_dot_product_attention(split(q), split(k), split(v), dropout_p=dropout, scale=scaling)
         return out.transpose(1, 2).reshape(1, total, heads, dim), None
     out = q.new_empty(total, heads, dim)
-    starts = cu_seq_lens_q[:-1]
-    for size in sizes:
-        which = (lengths == size).nonzero().squeeze(1)
-        pos = (starts[which][:, None] + torch.arange(size, device=q.device)).reshape(-1)
-        gather = lambda t: t[:, pos].reshape(heads, len(which), size, dim).transpose(0, 1)  # noqa: E731
+    for size, pos in groups:
+        gather = lambda t: t[:, pos].reshape(heads, -1, size, dim).transpose(0, 1)  # noqa: E731
         o = F.scaled_dot_product_attention(gather(q), gather(k), gather(v), dropout_p=dropout, scale=scaling)
         out[pos] = o.transpose(1, 2).reshape(-1, heads, dim)
     return out[None], None
+
+
+_groups: list[tuple[weakref.ref, int, list]] = []  # (cu_seqlens, its version, its groups): the last few
+
+
+@torch.compiler.disable  # host values: compiled blocks break here and take the groups as constants
+def segment_groups(cu_seqlens: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
+    """The segments of `cu_seqlens` grouped by length: [(length, positions of its tokens on the device, segment by
+    segment)], or [(length, None)] when all have one length. Read from the device once per tensor (and again if it
+    is changed in place): the tower's blocks share the tensor, so they share the one wait."""
+    version = -1 if cu_seqlens.is_inference() else cu_seqlens._version  # inference tensors keep no version
+    for ref, seen, groups in _groups:
+        if ref() is cu_seqlens and seen == version:
+            return groups
+    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+    sizes = sorted(set(lengths))
+    if len(sizes) == 1:
+        groups = [(sizes[0], None)]
+    else:
+        starts, groups = cu_seqlens[:-1], []
+        for size in sizes:
+            which = torch.tensor([i for i, n in enumerate(lengths) if n == size], device=cu_seqlens.device)
+            groups.append((size, (starts[which][:, None] + torch.arange(size, device=cu_seqlens.device)).reshape(-1)))
+    _groups[:] = [g for g in _groups if g[0]() is not None][-3:] + [(weakref.ref(cu_seqlens), version, groups)]
+    return groups
 
 
 def use_segment_attention(model) -> bool:

@@ -73,3 +73,27 @@ def test_refuses_what_it_is_not_for():
         segment_sdpa(None, q, q, q, cu_seq_lens_q=None)
     with pytest.raises(ValueError, match="vision towers"):
         segment_sdpa(None, q, q, q, cu_seq_lens_q=torch.tensor([0, 6]), is_causal=True)
+
+
+def test_segments_are_read_from_the_device_once_per_cu_seqlens_tensor():
+    # Could fail if each block read the segment lengths again (a host sync per block and step on a GPU), or if a
+    # tensor changed in place, or a new one with other segments, kept the grouping of the old one.
+    from bapo_vl.vision_attention import segment_groups
+
+    cu = torch.tensor([0, 4, 10, 14, 20])
+    groups = segment_groups(cu)
+    assert segment_groups(cu) is groups
+    assert [size for size, _ in groups] == [4, 6]
+    assert groups[0][1].tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    cu[1:] = torch.tensor([5, 10, 15, 20])  # in place: now four segments of 5
+    assert segment_groups(cu) == [(5, None)]
+    other = torch.tensor([0, 4, 10, 14, 20])
+    assert segment_groups(other) is not groups and [s for s, _ in segment_groups(other)] == [4, 6]
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 20, 8) for _ in range(3))
+    for bounds in ([0, 4, 10, 14, 20], [0, 5, 10, 15, 20]):
+        cu = torch.tensor(bounds)
+        out, _ = segment_sdpa(None, q, k, v, cu_seq_lens_q=cu)
+        for a, b in zip(bounds, bounds[1:]):  # each segment attends within itself only
+            ref = torch.nn.functional.scaled_dot_product_attention(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :])
+            assert torch.allclose(out[0, a:b], ref[0].transpose(0, 1), atol=1e-6)
