@@ -64,7 +64,9 @@ def segment_groups(cu_seqlens: torch.Tensor) -> list[tuple[int, torch.Tensor | N
     else:
         starts, groups = cu_seqlens[:-1], []
         for size in sizes:
-            which = torch.tensor([i for i, n in enumerate(lengths) if n == size], device=cu_seqlens.device)
+            which = torch.tensor([i for i, n in enumerate(lengths) if n == size])
+            # from pinned memory the copy does not wait for the GPU's queue; from pageable memory it would
+            which = which.pin_memory().to(cu_seqlens.device, non_blocking=True) if cu_seqlens.is_cuda else which
             groups.append((size, (starts[which][:, None] + torch.arange(size, device=cu_seqlens.device)).reshape(-1)))
     _groups[:] = [g for g in _groups if g[0]() is not None][-3:] + [(weakref.ref(cu_seqlens), version, groups)]
     return groups
