@@ -34,7 +34,8 @@ def cmd_train(args) -> int:
     from bapo_vl.train import learning_summary
 
     print(learning_summary(run_dir))
-    print(f"run record: {run_dir / 'run.db'}\nfinal policy: {run_dir / 'final'}\n"
+    final = run_dir / "final"
+    print(f"run record: {run_dir / 'run.db'}\nfinal policy: {final if final.is_dir() else 'none (save_every=-1)'}\n"
           f"inspect: bapo runs show {run_dir}")
     return 0
 

@@ -200,8 +200,9 @@ class RunSettings:
     ba_ppo | mini_test | grpo_replay"""
     log_samples: int = within(4, Range(ge=0))
     """responses kept per step in the run record"""
-    save_every: int = within(0, Range(ge=0))
-    """checkpoint every N steps (0: only at the end)"""
+    save_every: int = within(0, Range(ge=-1))
+    """checkpoint every N steps (0: only at the end; -1: never, and no final model: runs only timed, as
+    benchmarks are)"""
     keep_checkpoints: int = within(2, Range(ge=0), "0 = keep all")
     """checkpoints kept: the newest N; an older one is removed once a newer one is written whole. 2 leaves one to
     fall back to if the newest is damaged; 0 = keep all"""

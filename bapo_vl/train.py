@@ -420,13 +420,14 @@ def train(cfg: Config, quiet: bool = False, backend=None) -> Path:
                                 "answer this task's prompts, or its verifier never pays (check model=, the prompt "
                                 "template and `bapo runs show %s`)", t - IDLE_STEPS + 1, t, m["fresh_reward"], run_dir)
                 spent, last = spent + m["rollouts"], t
-                if run.save_every and t % run.save_every == 0:
+                if run.save_every > 0 and t % run.save_every == 0:
                     save_checkpoint(trainer, run_dir, t, run.keep_checkpoints)
         finally:
             progress.close()
-        if last > start:
-            save_checkpoint(trainer, run_dir, last, run.keep_checkpoints)
-        backend.save_pretrained(run_dir / "final")
+        if run.save_every >= 0:
+            if last > start:
+                save_checkpoint(trainer, run_dir, last, run.keep_checkpoints)
+            backend.save_pretrained(run_dir / "final")
         status = "finished"
     except Exception as e:  # noqa: BLE001 - reported as RunFailed once the record says so; Ctrl-C passes as it is
         failure = e

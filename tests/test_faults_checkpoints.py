@@ -5,7 +5,8 @@ policy on CPU, real SIGKILLs (the child process of test_crash_resume), the real 
 - an extended resume (steps=N) that is killed is finished by a plain resume (the record keeps the new steps);
 - checkpoints load with weights_only=True: a checkpoint file whose unpickling would run code runs nothing, and it,
   a damaged and a foreign file are each refused in one line naming the file;
-- old checkpoints are pruned (keep_checkpoints), only after a newer one is written whole, and resume still works.
+- old checkpoints are pruned (keep_checkpoints), only after a newer one is written whole, and resume still works;
+- save_every=-1 writes nothing but the record: the run finishes with its steps recorded and no weights on disk.
 Every resumed run is compared with an uninterrupted one of the same seed, step by step."""
 import errno
 import json
@@ -59,6 +60,16 @@ def test_old_checkpoints_are_pruned(reference):
     # left hidden folders behind.
     assert checkpoints(reference) == ["step_2", "step_3"]
     assert recorded(reference, "keep_checkpoints") == 2
+
+
+def test_save_every_minus_one_writes_no_weights(tmp_path):
+    # Could fail if -1 were read as "every step" (t % -1 == 0), or if the end of the run still wrote a checkpoint
+    # or final/ (a benchmark of a 3 B model would fill tens of GB of disk), or left the run unfinished.
+    assert main(["train", "--quiet", f"run_dir={tmp_path}", "name=timed", "steps=3", "save_every=-1", *ARGS]) == 0
+    run_dir = tmp_path / "timed"
+    assert read_meta(run_dir)["status"] == "finished"
+    assert [r["step"] for r in query_ro(run_dir, "SELECT step FROM steps ORDER BY step")] == [1, 2, 3]
+    assert not (run_dir / "checkpoints").exists() and not (run_dir / "final").exists()
 
 
 def test_a_run_killed_before_its_first_checkpoint_starts_again(reference, tmp_path, caplog):

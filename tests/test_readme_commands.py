@@ -55,14 +55,17 @@ def shows(*words: str) -> Callable[[str, Path], None]:
     return check
 
 
-def trained(n_runs: int = 3) -> Callable[[str, Path], None]:
-    """The command trained a run: its record is finished and `runs/` holds n_runs (base, other and the new one)."""
+def trained(n_runs: int = 3, final: bool = True) -> Callable[[str, Path], None]:
+    """The command trained a run: its record is finished and `runs/` holds n_runs (base, other and the new ones);
+    final/ holds the policy, or with final=False there is none and the summary says so."""
     def check(out: str, cwd: Path) -> None:
         assert "run record:" in out and "final policy:" in out, out[-3000:]
         run_dir = Path(re.search(r"run record: (\S+)/run\.db", out)[1])
         from bapo_vl.record import read_meta
 
         assert read_meta(cwd / run_dir)["status"] == "finished"
+        assert (cwd / run_dir / "final").is_dir() == final
+        assert ("final policy: none (save_every=-1)" in out) != final
         assert len([d for d in (cwd / "runs").iterdir() if (d / "run.db").is_file()]) == n_runs
     return check
 
@@ -108,6 +111,7 @@ CASES: dict[str, Case] = {
     "bapo train --preset countdown device=cuda": Case(skip=GPU_PRESET),
     'bapo train --preset geometry3k task_options="{source: /data/geometry3k}"': Case(skip=GPU_PRESET),
     "bapo train save_every=10 ...": Case(fill={" ...": ""}, add=SHORT_TRAIN, check=trained()),
+    "bapo train save_every=-1 ...": Case(fill={" ...": ""}, add=SHORT_TRAIN, check=trained(final=False)),
     "bapo train resume=runs/<run>": Case(fill={"<run>": "base"}, check=resumed(1)),
     "bapo train resume=runs/<run> steps=200": Case(fill={"<run>": "base"}, add="steps=2", check=resumed(2)),
     # --- The dashboard

@@ -54,7 +54,6 @@ import argparse
 import json
 import os
 import statistics
-import shutil
 import subprocess
 import sys
 import threading
@@ -69,7 +68,7 @@ MAX_PIXELS = 448 * 448
 EASYR1_PIXELS = dict(min_pixels=262144, max_pixels=4194304)  # EasyR1's examples/config.yaml
 
 COMMON = dict(online_filter="none", reeval_every=100000, kl_coef=0.0, entropy_coef=0.0, lr=1e-6, device="cuda",
-              save_every=0, log_samples=2)
+              save_every=-1, log_samples=2)
 # The verl presets the shapes start from are functional runs with vLLM in eager mode (no compile, no CUDA graphs:
 # short runs); a benchmark runs vLLM as users do, as the embedded backend's vLLM engine does. Results recorded before
 # this override ran eager: the report says so for results that do not name the mode.
@@ -292,6 +291,8 @@ def check(backend: str, gpus: int, cmd: list[str]) -> dict:
 def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out: Path, source: str | None,
           run_dir: Path, timeout: float, extra: list[str], cuda: str | None = None, keep_weights: bool = False,
           dry: bool = False):
+    # save_every=-1 (COMMON): no checkpoint, no final/; a 3 B model's (fp32 + AdamW) fills tens of GB of disk
+    extra = extra + ["save_every=0"] if keep_weights else extra
     name, cmd, verl = command(shape, backend, gpus, model_dir, steps, source, run_dir, extra)
     print(" ".join(cmd), flush=True)
     if dry:
@@ -319,9 +320,6 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
                   peak_gpu_memory_gb=max(memory.peak_gb.values()) if memory.peak_gb else None,
                   peak_gpu_memory_gb_by_card=memory.peak_gb, **summary)
     _write(out, result)
-    if not keep_weights:  # a 2 B model's checkpoints (fp32 + AdamW) are tens of GB: a few runs fill a GPU machine's disk
-        for folder in ("checkpoints", "final"):
-            shutil.rmtree(run_dir / name / folder, ignore_errors=True)
 
 
 def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict:
@@ -499,8 +497,8 @@ def main():
     t.add_argument("--set", nargs="*", default=[], help="more Config fields, KEY=VALUE (e.g. device=cpu); "
                    "verl.KEY=VALUE: a verl config override (--backend verl)")
     t.add_argument("--cuda", help="CUDA_VISIBLE_DEVICES for the run (default: the first --gpus cards)")
-    t.add_argument("--keep-weights", action="store_true", help="keep the run's checkpoints and final/ (default: "
-                   "removed once the figures are read; the run record stays)")
+    t.add_argument("--keep-weights", action="store_true", help="write a checkpoint and final/ at the run's end "
+                   "(save_every=0; default: none, save_every=-1; the run record is always kept)")
     t.add_argument("--check", action="store_true", help="compose and check the run's config (verl's too), write "
                    "it to --out and exit: runs nothing, needs no GPU")
     sub.add_parser("report").add_argument("files", type=Path, nargs="+")
