@@ -433,6 +433,71 @@ def test_compiled_vl_blocks_give_the_eager_logprobs(tmp_path, geometry3k_source)
     assert counters["stats"]["unique_graphs"] >= 2  # a vision block and a decoder layer
 
 
+def _saved_bytes(backend, prompts, responses) -> tuple[int, torch.Tensor]:
+    """Bytes autograd saves for the backward of one forward of the update (outside checkpointed blocks' inputs),
+    and the log-probs it computed."""
+    saved = 0
+
+    def pack(t):
+        nonlocal saved
+        saved += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        batch = backend._collate(prompts, responses)
+        logp, _ = backend._token_logprobs(backend.trained, batch, [len(r) for r in responses], with_entropy=True)
+    return saved, logp
+
+
+@pytest.mark.parametrize("vl", [False, True], ids=["text", "vl"])
+@pytest.mark.parametrize("settings", [dict(dtype="float32"), dict(dtype="bfloat16", mixed_precision="compute_copy")],
+                         ids=["fp32", "bf16-compute_copy"])
+def test_gradient_checkpointing_keeps_less_and_gives_the_same_update(tmp_path, settings, vl, geometry3k_source):
+    # Could fail if no block were checkpointed (a model without _no_split_modules, or the wrapper not reached:
+    # autograd would save as much as without), if recomputing a block changed a log-prob, the loss or a gradient
+    # (the compute copy's included), or if scoring and sampling (no gradients, a KV cache) went through the
+    # checkpoint and broke.
+    if vl:
+        model, processor = build_qwen2_5_vl(max_pixels=56 * 56)
+        model.save_pretrained(tmp_path / "vl")
+        processor.save_pretrained(tmp_path / "vl")
+        kw = dict(model=tmp_path / "vl", task="geometry3k", task_options="{}", max_pixels=56 * 56)
+        problems = get_task("geometry3k").load(split="train", source=geometry3k_source, limit=3)
+        blocks = model.config.text_config.num_hidden_layers + model.config.vision_config.depth
+    else:
+        kw = dict(model="countdown-tiny")
+        problems = get_task("countdown").load(split="train", template="compact")[:3]
+    model_path = kw.pop("model")
+    plain, ckpt = (make(model_path, tmp_path / f"g{g}", gradient_checkpointing=g, **kw, **settings)
+                   for g in (False, True))
+    if not vl:
+        blocks = plain.policy.config.num_hidden_layers
+    assert sum("forward" in vars(m) for m in ckpt.trained.modules()) == blocks  # each block's forward wrapped
+    assert not any("forward" in vars(m) for m in plain.trained.modules())
+    prompts = [plain.encode(p) for p in problems]
+    responses = [[40, 41, 42, 43, 44, 45, 46], [50, 51], [60, 61, 62, 63]]
+    (kept, logp), (kept_ckpt, logp_ckpt) = (_saved_bytes(b, prompts, responses) for b in (plain, ckpt))
+    assert kept_ckpt < kept / 4, (kept_ckpt, kept)
+    torch.testing.assert_close(logp_ckpt, logp, rtol=0, atol=0)
+    torch.testing.assert_close(ckpt.score(ckpt.trained, prompts, responses),
+                               plain.score(plain.trained, prompts, responses), rtol=0, atol=0)
+    mask = torch.tensor([[1.0] * len(r) + [0.0] * (7 - len(r)) for r in responses])
+    g = torch.Generator().manual_seed(0)
+    terms = dict(mask=mask, adv=torch.randn(mask.shape, generator=g) * mask,
+                 old=(logp.detach() + 0.05 * torch.randn(mask.shape, generator=g)) * mask,
+                 ref=(logp.detach() - 0.1) * mask, is_w=None)
+    grads, losses = [], []
+    for backend in (plain, ckpt):
+        backend.policy.zero_grad(set_to_none=True)
+        metrics = backend._backward([0, 1, 2], prompts, responses, terms, int(mask.sum()), 3)
+        losses.append(float(metrics["loss"]))
+        grads.append({k: p.grad for k, p in backend.policy.named_parameters() if p.grad is not None})
+    assert losses[1] == losses[0] and set(grads[1]) == set(grads[0])
+    for k, want in grads[0].items():
+        torch.testing.assert_close(grads[1][k], want, rtol=1e-5, atol=1e-7 * float(want.abs().max()), msg=k)
+    assert len(ckpt.engine.sample(prompts, 2, "current", False)) == 6  # sampling with a KV cache runs as it was
+
+
 def test_the_largest_ratio_of_each_source_is_the_one_its_rows_had(tmp_path):
     # Could fail if the largest ratio by source mixed up rows and sources (rows are regrouped by length for the
     # micro-batches), averaged where it should take the largest, or measured something other than

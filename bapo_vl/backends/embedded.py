@@ -24,6 +24,7 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import torch
+from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatch, UpdateResult, load_checkpoint_file,
@@ -109,17 +110,37 @@ def clipped_step(optimizer, model: torch.nn.Module, max_norm: float, step: int) 
     return norm
 
 
-def compile_blocks(model: torch.nn.Module) -> int:
-    """torch.compile, in place, each block the model repeats (the classes its `_no_split_modules` names: decoder
-    layers, vision blocks), as regional compilation does: the blocks share one compiled graph, so compiling takes
-    one block's time, and the attention masks, LM head and loss outside them stay eager. Returns how many."""
+def repeated_blocks(model: torch.nn.Module, setting: str) -> list[torch.nn.Module]:
+    """The blocks the model repeats: the classes its `_no_split_modules` names (decoder layers, vision blocks)."""
     names = set(getattr(model, "_no_split_modules", None) or ())
     blocks = [m for m in model.modules() if type(m).__name__ in names]
     if not blocks:
-        raise ValueError(f"compile=true: {type(model).__name__} names no repeated blocks to compile "
-                         f"(its _no_split_modules)")
+        raise ValueError(f"{setting}: {type(model).__name__} names no repeated blocks (its _no_split_modules)")
+    return blocks
+
+
+def compile_blocks(model: torch.nn.Module) -> int:
+    """torch.compile, in place, each block the model repeats, as regional compilation does: the blocks share one
+    compiled graph, so compiling takes one block's time, and the attention masks, LM head and loss outside them
+    stay eager. Returns how many."""
+    blocks = repeated_blocks(model, "compile=true")
     for block in blocks:
         block.compile(dynamic=True)
+    return len(blocks)
+
+
+def checkpoint_blocks(model: torch.nn.Module) -> int:
+    """Activation checkpointing of each block the model repeats, in place: with gradients enabled a block keeps
+    only its inputs and runs its forward again in the backward (torch.utils.checkpoint, non-reentrant); without
+    them (scoring, sampling with a KV cache) it runs as it was. Unlike transformers' own switch this does not
+    need train() mode, which the policy never enters (no dropout). Returns how many."""
+    blocks = repeated_blocks(model, "gradient_checkpointing=true")
+    for block in blocks:
+        def forward(*args, _forward=block.forward, **kwargs):
+            if not torch.is_grad_enabled():
+                return _forward(*args, **kwargs)
+            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
+        block.forward = forward
     return len(blocks)
 
 
@@ -219,6 +240,9 @@ class EmbeddedBackend:
         self.trained = self.compute.model if self.compute is not None else self.policy
         self.rollout = self._frozen_copy() if delay > 1 else self.policy
         self.ref = self._frozen_copy() if loss.kl_coef > 0 else None
+        if options.gradient_checkpointing:
+            log.info("gradient_checkpointing=true: %d blocks of the updated model recompute their activations in the "
+                     "backward", checkpoint_blocks(self.trained))
         if options.compile:
             log.info("compile=true: %d blocks of the updated model under torch.compile", compile_blocks(self.trained))
         self.critic = ValueModel(self.policy).to(self.device) if optim.critic else None
