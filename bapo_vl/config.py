@@ -142,8 +142,8 @@ class EmbeddedOptions:
     with the transformers engine stays eager"""
     gradient_checkpointing: bool = False
     """recompute each repeated block's activations in the backward instead of keeping them from the forward: a
-    micro-batch then holds one block's activations, not every layer's, for about a third more update compute. What
-    lets a 3 B model's update fit an 80 GB card, or longer micro-batches fit any card"""
+    micro-batch then holds one block's activations, not every layer's, for about a third more update compute: for
+    updates whose activations do not fit the card, or longer micro-batches"""
 
 
 @BACKENDS.register("verl")
