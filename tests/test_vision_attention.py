@@ -97,3 +97,30 @@ def test_segments_are_read_from_the_device_once_per_cu_seqlens_tensor():
         for a, b in zip(bounds, bounds[1:]):  # each segment attends within itself only
             ref = torch.nn.functional.scaled_dot_product_attention(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :])
             assert torch.allclose(out[0, a:b], ref[0].transpose(0, 1), atol=1e-6)
+
+
+def test_a_forward_waits_for_the_device_as_often_whatever_the_towers_depth(monkeypatch):
+    # Could fail if the segment attention read the segment lengths back from the device in each block (a .tolist()
+    # or a nonzero per block and length): on a GPU each read stalls the host until the queue has run, so a 32-block
+    # tower waited 88 times a forward. What stays is per forward (one read per cu_seqlens tensor and transformers'
+    # own), so towers of 2 and 6 blocks wait as often.
+    from test_update_efficiency import HostWaits
+
+    images = [Image.new("RGB", s, "white") for s in [(300, 180), (200, 250), (390, 390)]]  # partial windows
+
+    def waits(depth):
+        model, processor = build_qwen2_5_vl(seed=0, vision=dict(depth=depth, fullatt_block_indexes=[1]),
+                                            max_pixels=400 * 400)
+        assert use_segment_attention(model)
+        inputs = processor(text=["<|vision_start|><|image_pad|><|vision_end|>hi"] * 3, images=images,
+                           return_tensors="pt", padding=True)
+        counting = HostWaits()
+        tolist = torch.Tensor.tolist
+        monkeypatch.setattr(torch.Tensor, "tolist", lambda t: counting.calls.update(["tolist"]) or tolist(t))
+        with counting, torch.no_grad():
+            model.model.visual(inputs["pixel_values"], grid_thw=inputs["image_grid_thw"])
+        monkeypatch.undo()
+        return counting.calls
+
+    shallow, deep = waits(2), waits(6)
+    assert deep == shallow and deep["tolist"] >= 2  # the full-attention and the windows' cu_seqlens, once each
