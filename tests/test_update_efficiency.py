@@ -1,6 +1,7 @@
 """The embedded backend's log-probs, entropy, loss and gradients against a plain reference computation (full-sequence
 logits -> float64 log_softmax -> gather), for the bundled text policy (float32, and bf16 under both mixed_precision
 settings) and a tiny Qwen2.5-VL, and the LM head applied to exactly the response tokens (CPU)."""
+import copy
 import dataclasses
 import math
 from collections import Counter
@@ -456,7 +457,7 @@ def test_gradient_checkpointing_keeps_less_and_gives_the_same_update(tmp_path, s
     # Could fail if no block were checkpointed (a model without _no_split_modules, or the wrapper not reached:
     # autograd would save as much as without), if recomputing a block changed a log-prob, the loss or a gradient
     # (the compute copy's included), or if scoring and sampling (no gradients, a KV cache) went through the
-    # checkpoint and broke.
+    # checkpoint and broke, or if a deep copy of the model (the critic's body) ran the original's blocks.
     if vl:
         model, processor = build_qwen2_5_vl(max_pixels=56 * 56)
         model.save_pretrained(tmp_path / "vl")
@@ -496,6 +497,14 @@ def test_gradient_checkpointing_keeps_less_and_gives_the_same_update(tmp_path, s
     for k, want in grads[0].items():
         torch.testing.assert_close(grads[1][k], want, rtol=1e-5, atol=1e-7 * float(want.abs().max()), msg=k)
     assert len(ckpt.engine.sample(prompts, 2, "current", False)) == 6  # sampling with a KV cache runs as it was
+    twins = [copy.deepcopy(b.trained) for b in (plain, ckpt)]  # as the critic copies its body: its blocks must
+    with torch.no_grad():  # run the copy's own weights
+        for twin in twins:
+            for p in twin.parameters():
+                p.mul_(1.1)
+    ids = torch.tensor([[40, 41, 42, 43]])
+    want, got = (twin(input_ids=ids).logits for twin in twins)  # with gradients: through the checkpoints
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_the_largest_ratio_of_each_source_is_the_one_its_rows_had(tmp_path):

@@ -15,10 +15,12 @@ the end; what still waits is the gradient norm, once per optimizer step (a non-f
 from __future__ import annotations
 
 import copy
+import functools
 import logging
 import math
 import random
 import time
+import types
 from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
@@ -135,13 +137,16 @@ def checkpoint_blocks(model: torch.nn.Module) -> int:
     them (scoring, sampling with a KV cache) it runs as it was. Unlike transformers' own switch this does not
     need train() mode, which the policy never enters (no dropout). Returns how many."""
     blocks = repeated_blocks(model, "gradient_checkpointing=true")
-    for block in blocks:
-        def forward(*args, _forward=block.forward, **kwargs):
-            if not torch.is_grad_enabled():
-                return _forward(*args, **kwargs)
-            return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
-        block.forward = forward
+    for block in blocks:  # a bound method, so that a deep copy of the model (the critic's body) runs its own weights
+        block.forward = types.MethodType(_checkpointed_forward, block)
     return len(blocks)
+
+
+def _checkpointed_forward(block, *args, **kwargs):
+    forward = functools.partial(type(block).forward, block)
+    if not torch.is_grad_enabled():
+        return forward(*args, **kwargs)
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
 
 def _by_length(idx: list[int], prompts: list[dict], responses: list) -> list[int]:
