@@ -21,9 +21,9 @@ before `bapo_vl/backends/gqa_decode.py`, the ratios' baseline) and transformers'
 engine) of prompts x 8 random responses at each `score_batch_size`, against the update's micro_batch_size.
 `update`: `backend.update` on 2 groups x 8 sequences of 64 prompt + 960 response tokens (a VL shape: `--prompts`
 Geometry3K prompts with their diagrams x the shape's group of responses at its response cap, the shape's micro-batches
-and pixels, one optimizer step), after one warm-up: tokens/s, MFU (6 N T + causal attention FLOPs over the card's
-dense bf16 peak; a VL model's vision tower counted over its patches, its attention not), EasyR1's count of it (the
-language model only), peak allocated / reserved memory; with
+and pixels, one optimizer step), after one warm-up: tokens/s, MFU (6 N T over the body, 6 V h over the response
+tokens for the LM head, causal attention FLOPs, over the card's dense bf16 peak; a VL model's vision tower counted over
+its patches, its attention not), EasyR1's count of it (the language model only), peak allocated / reserved memory; with
 `--profile`, torch.profiler's top operators of one more update and its device time by part (the vision tower's and the
 language model's forward and backward, the optimizer step, the rest: what bounds the MFU); `--set compile=true` compiles
 the policy's repeated blocks (the backend's setting: fused element-wise kernels); with `--sync-debug`, one more update
@@ -225,17 +225,22 @@ def update_inputs(a, cfg, backend):
 
 
 def update_flops(backend, prompts, responses) -> tuple[float, list[int]]:
-    """6 N T + causal attention FLOPs of one update (the language model's N over every token; for a VL model the
-    vision tower's N over its patches, its attention not counted), and each sequence's length."""
+    """Model FLOPs of one update, and each sequence's length: 6 N T over the language model's body (every token),
+    6 V h for the LM head over the response tokens (the only positions it runs at; a head tied to the embedding is
+    counted all the same, the embedding's lookup is not), causal attention, and for a VL model the vision tower's N
+    over its patches (its attention not counted). Recomputation is not counted."""
     model = backend.policy
     text = getattr(model.config, "text_config", model.config)
     lengths = [len(p["input_ids"]) + len(r) for p, rs in zip(prompts, responses) for r in rs]
+    head, embedding = model.get_output_embeddings().weight, model.get_input_embeddings().weight
     vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
-    language = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n) - vision
+    body = sum(p.numel() for p in model.parameters() if p is not head and p is not embedding) - vision
     patches = sum(int(p["image_grid_thw"].prod(-1).sum()) * len(rs) for p, rs in zip(prompts, responses)
                   if "image_grid_thw" in p)
+    response_tokens = sum(len(r) for rs in responses for r in rs)
     attention = 6 * text.num_hidden_layers * text.hidden_size * sum(n * n for n in lengths)  # causal: half of 12
-    return 6 * language * sum(lengths) + attention + 6 * vision * patches, lengths
+    return (6 * body * sum(lengths) + 6 * head.numel() * response_tokens + attention + 6 * vision * patches,
+            lengths)
 
 
 def update_bench(a) -> dict:
@@ -458,7 +463,7 @@ def report(files: list[Path]):
         if r.get("profile"):
             print(f"\nupdate profile ({card_model(r)}):\n{r['profile']}")
         if r.get("profile_parts"):
-            print(f"\nupdate profile ({card_model(r)}) by part: {parts_line(r['profile_parts'])}")
+            print(f"\nupdate profile ({card_model(r)}) by part: {parts_line(r['profile_parts'], r['seconds'])}")
         if r.get("sync_calls") is not None:
             where = ", ".join(f"{site} x{n}" for site, n in list(r["sync_sites"].items())[:8])
             print(f"\nupdate ({card_model(r)}): {r['sync_calls']} calls waited for the GPU in one update ({where})")
@@ -468,11 +473,13 @@ def report(files: list[Path]):
                   f"({r['peak_reserved_GB'] / r['peak_allocated_GB']:.2f}x)" if "peak_allocated_GB" in r else ""))
 
 
-def parts_line(parts: dict) -> str:
-    """profile_parts as one line: each part's seconds and share of the total, then the total against the wall."""
+def parts_line(parts: dict, seconds: float) -> str:
+    """profile_parts as one line: each part's seconds and share of the total, then the total against the update's
+    unprofiled seconds (the profiled call's own wall time includes the profiler's overhead on the host)."""
     total = parts["total"]
     shares = ", ".join(f"{k} {v:.3f} s ({v / total:.0%})" for k, v in parts.items() if k not in ("total", "wall"))
-    return f"{shares}; all {total:.3f} s in a {parts['wall']:.3f} s call ({total / parts['wall']:.0%} busy)"
+    return (f"{shares}; all {total:.3f} s, against {seconds:.3f} s for the unprofiled update (the device busy "
+            f"{min(total / seconds, 1):.0%} of it; the profiled call took {parts['wall']:.3f} s)")
 
 
 def update_label(r: dict) -> str:

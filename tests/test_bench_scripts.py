@@ -274,8 +274,9 @@ def test_vl3b_run_reports_easyr1s_figures_and_the_ratio(vl3b_tiny, tmp_path):
 def test_update_bench_of_the_vl3b_shape_trains_diagrams_and_counts_both_towers(vl3b_tiny, tmp_path):
     # Could fail if benchmarks/update.sh with a Geometry3K folder did not measure both arms on the VL shape, if the VL
     # update lost the prompts' images (then no patch is counted and the prompts are short), if the responses were not
-    # at the shape's cap, if the vision tower's parameters were counted over every token (or not at all), if the
-    # report compared it with a text update, or if the summary took a ratio across work.
+    # at the shape's cap, if the vision tower's parameters were counted over every token (or not at all), if the LM
+    # head tied to the embedding were left out of the FLOPs (or counted over the prompts, where it does not run), if
+    # the report compared it with a text update, or if the summary took a ratio across work.
     from transformers import AutoModelForImageTextToText
 
     from bapo_vl.backends.embedded import PromptEncoder
@@ -301,10 +302,12 @@ def test_update_bench_of_the_vl3b_shape_trains_diagrams_and_counts_both_towers(v
     assert r["tokens"] == sum(lengths) and r["longest"] == max(lengths) and patches > 0
     model = AutoModelForImageTextToText.from_pretrained(vl3b_tiny)
     vision = sum(p.numel() for p in model.model.visual.parameters())
-    language = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n) - vision
     text = model.config.text_config
-    flops = 6 * language * sum(lengths) + 6 * text.num_hidden_layers * text.hidden_size * sum(n * n for n in lengths) \
-        + 6 * vision * patches
+    assert text.tie_word_embeddings and "lm_head.weight" not in dict(model.named_parameters())
+    body = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n) - vision
+    head = text.vocab_size * text.hidden_size  # over the 2 x 5 responses of 8 tokens
+    flops = 6 * body * sum(lengths) + 6 * head * 10 * 8 \
+        + 6 * text.num_hidden_layers * text.hidden_size * sum(n * n for n in lengths) + 6 * vision * patches
     assert r["tflops"] * r["seconds"] * 1e12 == pytest.approx(flops, rel=1e-9)
     text_row = tmp_path / "text.json"
     text_row.write_text(json.dumps(dict(r, shape="text", sequences=16, tokens=16 * 1024, seconds=r["seconds"] / 2)))
@@ -336,6 +339,14 @@ def test_update_profile_splits_the_time_by_tower_forward_and_backward(vl3b_tiny,
     parts = json.loads(text.read_text())["profile_parts"]
     assert [k for k in parts if "tower" in k or "model" in k] == ["language model forward", "language model backward"]
     assert parts["language model forward"] > 0 and parts["language model backward"] > 0
+
+
+def test_report_states_the_device_busy_share_against_the_unprofiled_update():
+    # Could fail if the share were taken against the profiled call's wall time, which includes the profiler's own
+    # host overhead (a 3B update: 1.127 s of kernels in a 5.651 s profiled call, 20 %, but 1.769 s unprofiled).
+    row = ROOT / "docs" / "bench" / "2026-11-29-H200-3e9adeb" / "update-vl3b-profile.json"
+    out = run(ROOT / "scripts" / "bench_gpu.py", "report", row)
+    assert "all 1.127 s, against 1.769 s for the unprofiled update (the device busy 64% of it" in out
 
 
 def test_profile_parts_on_a_gpu_count_each_kernel_once():
