@@ -136,10 +136,11 @@ class EmbeddedOptions:
     forward) | compute_copy (a bf16 copy runs forward and backward, gradients accumulate into the fp32 weights the
     optimizer steps, the copy is refreshed once per optimizer step: bapo_vl/backends/mixed_precision.py)"""
     compile: bool = False
-    """torch.compile each repeated block (decoder layers, vision blocks) of the model the update runs on: the norms,
-    rotary embeddings and activations around each matmul fuse into fewer kernels. One compiled block serves every
-    layer, for dynamic shapes (lengths change from step to step); the first updates wait for the compiler. Sampling
-    with the transformers engine stays eager"""
+    """torch.compile each repeated block (decoder layers, vision blocks) of the model the update runs on, and the LM
+    head's work per chunk of logits: the norms, rotary embeddings and activations around each matmul, and the
+    softmax passes over the vocabulary, fuse into fewer kernels. One compiled block serves every layer, for dynamic
+    shapes (lengths change from step to step); the first updates wait for the compiler. Sampling with the
+    transformers engine stays eager"""
     gradient_checkpointing: bool = False
     """recompute each repeated block's activations in the backward instead of keeping them from the forward: a
     micro-batch then holds one block's activations, not every layer's, for about a third more update compute: for

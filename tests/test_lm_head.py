@@ -64,7 +64,7 @@ def test_gradcheck_of_the_chunked_backward():
     head, hidden, targets, _ = setup(bias=True)
     inputs = (hidden.detach().requires_grad_(), head.weight.detach().requires_grad_(),
               head.bias.detach().requires_grad_())
-    both = lambda h, w, b: _TokenLogProbs.apply(h, w, b, targets, 0.7, 3, torch.float64, True)  # noqa: E731
+    both = lambda h, w, b: _TokenLogProbs.apply(h, w, b, targets, 0.7, 3, torch.float64, True, False)  # noqa: E731
     assert torch.autograd.gradcheck(both, inputs)
     assert torch.autograd.gradcheck(lambda *a: both(*a)[0], inputs)
 
@@ -112,3 +112,31 @@ def test_large_and_equal_logits_stay_finite():
     torch.testing.assert_close(ent, torch.full((3,), math.log(50)))
     (logp.sum() + ent.sum()).backward()
     assert torch.isfinite(hidden.grad).all() and torch.isfinite(head.weight.grad).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_compiled_chunks_give_the_eager_values_and_gradients_with_one_graph_for_every_row_count(dtype):
+    # compile=true runs each chunk's work under torch.compile. Could fail if the compiled functions computed something
+    # else than the eager ones (the temperature, the entropy's term of the backward, the bias, the dtypes), or if
+    # each chunk's row count compiled its own graph (7 rows in chunks of 4: 4 and 3).
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    head, hidden, targets, (g, e) = setup(bias=True)
+    head = head.to(dtype)
+    hidden = hidden.detach().to(dtype).requires_grad_()
+    compute = torch.float64 if dtype == torch.float64 else torch.bfloat16
+    for entropy_in_loss in (True, False):
+        results = []
+        for compiled in (False, True):
+            logp, ent = token_logprobs(hidden, head, targets, 0.7, rows=4, dtype=compute, with_entropy=True,
+                                       compiled=compiled)
+            measured = ent if entropy_in_loss else ent.detach()
+            loss = (g.to(logp.dtype) * logp).sum() + (e.to(ent.dtype) * measured).sum()
+            results.append([logp, ent, *grads(hidden, head, loss)])
+        tol = dict(rtol=1e-12, atol=1e-12) if dtype == torch.float64 else dict(rtol=1e-5, atol=1e-5)
+        for eager, fused in zip(*results):
+            assert fused.dtype == eager.dtype
+            torch.testing.assert_close(fused.double(), eager.double(), **tol)
+    assert counters["stats"]["unique_graphs"] == 3  # the forward, the backward with and without the entropy's term

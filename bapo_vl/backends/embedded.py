@@ -374,7 +374,7 @@ class EmbeddedBackend:
         dtype = self.autocast_dtype or model.lm_head.weight.dtype  # what autocast would run the head in
         rows = max(1, LOGIT_FLOATS // model.lm_head.out_features)
         logp, entropy = token_logprobs(states, model.lm_head, targets, self.sampling.temperature, rows, dtype,
-                                       with_entropy)
+                                       with_entropy, compiled=self.options.compile)
         padded = lambda x: x.new_zeros(B * R).index_copy(0, tokens_at, x).view(B, R)  # noqa: E731
         if entropy is not None:
             grad_entropy = torch.is_grad_enabled() and self.loss.entropy_coef != 0
