@@ -70,10 +70,13 @@ def backward_chunk(h, w, b, targets, g, e, entropy, temperature: float, out_dtyp
         p = log_p.exp()
         # -p (g + eH + e log p): one pass for the bracket, one for the product
         dz = p.mul_(torch.addcmul(-(g + e * entropy), e, log_p, value=-1))
-    dz.scatter_add_(1, targets[:, None], g)  # + g onehot(t)
+    # + g onehot(t), added at the targets in float32 and written into the cast result, so that under torch.compile
+    # the cast fuses with the pass above (a scatter into the float32 logits would need them written out first)
+    at_target = dz.gather(1, targets[:, None]).add_(g)
     if temperature != 1.0:
         dz.div_(temperature)
-    return dz.to(h.dtype)  # the compute dtype, as the product's backward takes it
+        at_target.div_(temperature)
+    return dz.to(h.dtype).scatter_(1, targets[:, None], at_target.to(h.dtype))  # the dtype the product's backward takes
 
 
 @functools.cache
