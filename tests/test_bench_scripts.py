@@ -160,6 +160,26 @@ def bench_backends():
     return bench_backends
 
 
+def test_steps_summary_gives_the_medians_of_the_train_times_parts(tmp_path):
+    # A verl run's record splits t_train by the actor's calls; the summary takes their medians over the steps after
+    # the first, as it does t_train's. Could fail if a part were dropped, taken from the warm-up step, or invented for
+    # a run that does not record them (the embedded backend).
+    from bapo_vl.record import RunRecord
+
+    parts = ("batch", "engine_sleep", "logprobs", "actor")
+    for name, split in (("verl", True), ("embedded", False)):
+        with RunRecord.create(tmp_path / name, {}) as record:
+            for step in range(1, 5):
+                m = dict(rollouts=8, response_length=10.0, t_generate=1.0, t_train=10.0 * step, t_verify=0.1,
+                         t_sync=0.0)
+                if split:
+                    m |= {f"t_train_{p}": step * (i + 1) for i, p in enumerate(parts)}
+                record.log_step(step, m)
+        got = bench_backends().steps_summary(tmp_path / name / "run.db")
+        assert got["train_s"] == 30.0  # steps 2-4
+        assert got["train_parts_s"] == ({p: 3.0 * (i + 1) for i, p in enumerate(parts)} if split else None)
+
+
 def test_vl3b_model_is_qwen2_5_vl_3b(tmp_path):
     # Could fail if the shape drifted from Qwen2.5-VL-3B's config.json, or the padded vocabulary did not reach the
     # model (its embedding and LM head are 8 % of the parameters and of the FLOPs EasyR1 counts).

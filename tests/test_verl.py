@@ -632,6 +632,27 @@ def test_engine_sleeps_through_each_update_with_free_cache_engine(model_dir):
     assert backend.calls[-1][0] == "wake"
 
 
+def test_the_records_train_time_is_split_by_the_actors_calls(model_dir):
+    """t_train's parts: verl's batch, the engine's sleep, the log-prob passes and verl's update_actor, each timed
+    around its own call: could fail if a part were missing, timed another call's span, or outgrew t_train."""
+    import time
+
+    cfg = make_cfg(model_dir, delay=1)
+    task = ScheduledTask()
+    backend = make_verl(cfg, free_cache_engine=True)
+    ckpt, actor = backend.checkpoint_manager, backend.actor
+    sleep, update = ckpt.sleep_replicas, actor.update_actor
+    ckpt.sleep_replicas = lambda: time.sleep(0.1) or sleep()
+    actor.update_actor = lambda b: time.sleep(0.3) or update(b)
+    tr = make_trainer(cfg, backend, task, task.problems)
+    parts = ("t_train_batch", "t_train_engine_sleep", "t_train_logprobs", "t_train_actor")
+    trained = [m for m in (tr.step(t).metrics for t in range(1, 4)) if m["optimizer_steps"] > 0]
+    assert trained
+    for m in trained:
+        assert m["t_train_actor"] >= 0.3 and 0.1 <= m["t_train_engine_sleep"] < 0.3
+        assert all(m[k] >= 0 for k in parts) and sum(m[k] for k in parts) <= m["t_train"]
+
+
 def test_derived_settings_write_entropy_log_probs_clip_and_lr_into_verls_config():
     """What verl's actor is told to compute and optimise comes from our Config: behaviour log-probs from the rollout,
     the entropy of pi_theta (the record's entropy column, even with entropy_coef == 0), our clip range and lr."""

@@ -360,8 +360,11 @@ class VerlBackend:
         metrics = {"trimmed_groups": len(batch) - keep}
         if keep == 0:
             return UpdateResult(changed=False, metrics=metrics)
+        t0 = time.perf_counter()
         data = self.batch_to_dataproto(batch.select(list(range(keep))))
+        t1 = time.perf_counter()
         self._sleep_engine()  # before any of the actor's passes
+        t2 = time.perf_counter()
         behaviour = data.batch["old_log_probs"]
         old, is_w = old_logprobs(behaviour, self.optim.tis_threshold,
                                  lambda: self.actor.compute_log_prob(data).batch["old_log_probs"])
@@ -370,7 +373,13 @@ class VerlBackend:
             data.batch["rollout_is_weights"] = is_w * data.batch["response_mask"]
         if self.loss.kl_coef > 0:
             data = data.union(self.actor.compute_ref_log_prob(data))
+        t3 = time.perf_counter()
         out = self.actor.update_actor(data)
+        # where the record's t_train went: building verl's batch, putting the engine to sleep, the proximal and
+        # reference log-probs, and verl's update_actor call (with FSDP offload, its moves of weights and optimizer
+        # state between host and card are inside it)
+        metrics |= {"t_train_batch": t1 - t0, "t_train_engine_sleep": t2 - t1, "t_train_logprobs": t3 - t2,
+                    "t_train_actor": time.perf_counter() - t3}
         metrics["optimizer_steps"] = self.optim.epochs * max(1, keep // self.mini_batch_size)
         metrics["trained_tokens"] = int(data.batch["attention_mask"].sum())
         self.alpha_stale = True
