@@ -26,9 +26,9 @@ tokens for the LM head, causal attention FLOPs, over the card's dense bf16 peak;
 its patches, its attention not), EasyR1's count of it (the language model only), peak allocated / reserved memory; with
 `--profile`, torch.profiler's top operators of one more update and its device time by part (the vision tower's and the
 language model's forward and backward, the optimizer step, the rest: what bounds the MFU); `--set compile=true` compiles
-the policy's repeated blocks (the backend's setting: fused element-wise kernels); with `--sync-debug`, one more update
-under torch.cuda.set_sync_debug_mode("warn"): how many calls made the host wait for the GPU, and from which lines (CUDA
-only: on CPU it says so and records nothing).
+the policy's repeated blocks and its LM head's chunks (the backend's setting: fused element-wise kernels); with
+`--sync-debug`, one more update under torch.cuda.set_sync_debug_mode("warn"): how many calls made the host wait for
+the GPU, and from which lines (CUDA only: on CPU it says so and records nothing).
 Each call is one process (engines never share a process); `report` prints ratios only between rows of one card.
 """
 from __future__ import annotations
