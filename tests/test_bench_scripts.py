@@ -249,7 +249,8 @@ def test_vl3b_rows_compose_at_easyr1s_per_gpu_setting(vl3b_tiny, tmp_path):
 
 def test_vl3b_run_reports_easyr1s_figures_and_the_ratio(vl3b_tiny, tmp_path):
     # Could fail if the tokens/s per GPU lost the prompt tokens (EasyR1 counts prompt + response), divided by the
-    # wrong time or GPU count, or the ratio were taken across cards or shapes.
+    # wrong time or GPU count, if the actor MFU took verl's whole t_train rather than its update_actor call, or if the
+    # ratio were taken across cards or shapes.
     import sqlite3
 
     from bapo_vl.backends.embedded import PromptEncoder
@@ -282,6 +283,18 @@ def test_vl3b_run_reports_easyr1s_figures_and_the_ratio(vl3b_tiny, tmp_path):
         assert prompts > m["rollouts"] * 4  # each prompt carries its diagram's image tokens
         rates.append((prompts + m["rollouts"] * m["response_length"]) / (t1 - t0))
     assert len(rates) == 2 and abs(row["tokens_per_gpu_s"] - sorted(rates)[0] / 2 - sorted(rates)[1] / 2) < 1e-6
+    # the actor MFU (on a card with a peak) divides by the update's time: a verl record's update_actor call, where the
+    # record splits t_train, else t_train; a quarter of the time, four times the MFU
+    mfu = bench_backends().easyr1_figures(db, vl3b_tiny, 1, "NVIDIA H100")["actor_mfu"]
+    conn = sqlite3.connect(db)
+    with conn:
+        for step, _, m in steps:
+            m = json.loads(m)
+            conn.execute("UPDATE steps SET metrics = ? WHERE step = ?",
+                         (json.dumps(dict(m, t_train_actor=m["t_train"] / 4)), step))
+    conn.close()
+    assert mfu > 0 and bench_backends().easyr1_figures(db, vl3b_tiny, 1, "NVIDIA H100")["actor_mfu"] == \
+        pytest.approx(4 * mfu)
     out = json.loads(run(BENCH, "summary", files["row"], "--baseline", files["base"], cwd=tmp_path))
     assert out["row"] == "embedded (default engine)" and out["commit"] and out["date"] == row["date"]
     assert "peak_gpu_memory_gb" in out

@@ -324,8 +324,9 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
 
 def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict:
     """Throughput and actor MFU as EasyR1 defines them (bapo_vl/perf.py), medians over steps 2..: tokens/s per GPU
-    = the step's prompt + response tokens / (step seconds x GPUs); MFU of the update (t_train) over the trained
-    sequences. Prompt lengths are the fresh prompts' as the model's processor encodes them (the record keeps
+    = the step's prompt + response tokens / (step seconds x GPUs); MFU of the update (t_train; on verl its
+    update_actor call, t_train_actor, which holds FSDP's offload moves but not the batch building or the engine's
+    sleep) over the trained sequences. Prompt lengths are the fresh prompts' as the model's processor encodes them (the record keeps
     uids, not lengths); responses are taken at the step's mean length, so the attention term, a sum of squares, is
     a lower bound and the MFU with it."""
     from bapo_vl.backends.embedded import PromptEncoder
@@ -359,7 +360,8 @@ def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict
         tokens = prompts + m["rollouts"] * m["response_length"]
         prompt_tokens.append(prompts)
         per_gpu.append(tokens / ((t1 - t0) * gpus))
-        value = actor_mfu(model_cfg, [s + round(m["response_length"]) for s in seqs], m["t_train"], gpus, peak)
+        update_s = m.get("t_train_actor", m["t_train"])  # verl: its update_actor call, as EasyR1 times the update
+        value = actor_mfu(model_cfg, [s + round(m["response_length"]) for s in seqs], update_s, gpus, peak)
         if value is not None:
             mfu.append(value)
     return dict(prompt_tokens=statistics.median(prompt_tokens), tokens_per_gpu_s=statistics.median(per_gpu),
