@@ -326,9 +326,9 @@ def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict
     """Throughput and actor MFU as EasyR1 defines them (bapo_vl/perf.py), medians over steps 2..: tokens/s per GPU
     = the step's prompt + response tokens / (step seconds x GPUs); MFU of the update (t_train; on verl its
     update_actor call, t_train_actor, which holds FSDP's offload moves but not the batch building or the engine's
-    sleep) over the trained sequences. Prompt lengths are the fresh prompts' as the model's processor encodes them (the record keeps
-    uids, not lengths); responses are taken at the step's mean length, so the attention term, a sum of squares, is
-    a lower bound and the MFU with it."""
+    sleep) over the trained sequences. Prompt lengths are the fresh prompts' as the model's processor encodes them
+    (the record keeps uids, not lengths); responses are taken at the step's mean length, so the attention term, a
+    sum of squares, is a lower bound and the MFU with it."""
     from bapo_vl.backends.embedded import PromptEncoder
     from bapo_vl.config import Config
     from bapo_vl.perf import actor_mfu, peak_flops
