@@ -23,6 +23,9 @@ import torch.nn.functional as F
 NAME = "flash_api_segment_sdpa"
 
 
+# Outside torch.compile: the grouping is host values (segment lengths, how many distinct ones), which a compiled
+# graph would guard on and recompile for as images change size; compiled blocks break here and run it as it is.
+@torch.compiler.disable
 def segment_sdpa(module, query, key, value, attention_mask=None, scaling=None, dropout=0.0, cu_seq_lens_q=None,
                  is_causal=False, **kwargs):
     """query, key, value [1, heads, T, dim], segments cu_seq_lens_q (T = its last entry) -> ([1, T, heads, dim],
@@ -48,7 +51,6 @@ def segment_sdpa(module, query, key, value, attention_mask=None, scaling=None, d
 _groups: list[tuple[weakref.ref, int, list]] = []  # (cu_seqlens, its version, its groups): the last few
 
 
-@torch.compiler.disable  # host values: compiled blocks break here and take the groups as constants
 def segment_groups(cu_seqlens: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
     """The segments of `cu_seqlens` grouped by length: [(length, positions of its tokens on the device, segment by
     segment)], or [(length, None)] when all have one length. Read from the device once per tensor (and again if it

@@ -44,10 +44,10 @@ def check(backend, prompts, responses, monkeypatch, tol=TOL, chunk=None):
     # no grad (score): log-probs, and the LM head applied to the response tokens only, `chunk` rows at a time
     head_rows, chunks, token_logprobs = [], set(), embedded.token_logprobs
 
-    def spy(hidden, head, targets, temperature, rows, *a):
+    def spy(hidden, head, targets, temperature, rows, *a, **kw):
         head_rows.append(hidden.shape[0])
         chunks.add(rows)
-        return token_logprobs(hidden, head, targets, temperature, rows, *a)
+        return token_logprobs(hidden, head, targets, temperature, rows, *a, **kw)
 
     monkeypatch.setattr(embedded, "token_logprobs", spy)
     scored = backend.score(trained, prompts, responses)

@@ -124,3 +124,31 @@ def test_a_forward_waits_for_the_device_as_often_whatever_the_towers_depth(monke
 
     shallow, deep = waits(2), waits(6)
     assert deep == shallow and deep["tolist"] >= 2  # the full-attention and the windows' cu_seqlens, once each
+
+
+def test_compiled_blocks_do_not_recompile_as_images_change_size():
+    # Geometry3K's diagrams come in many sizes, so a run meets new segment lengths every step. Could fail if a
+    # compiled block traced into the segment grouping: its graph would guard on the lengths (and on how many
+    # distinct ones there are) and compile again for each new layout, until torch.compile's recompile limit sends
+    # the rest of the block back to eager.
+    from torch._dynamo.utils import counters
+
+    from bapo_vl.backends.embedded import compile_blocks
+
+    torch._dynamo.reset()
+    counters.clear()
+    model, processor = _model()
+    use_segment_attention(model)
+    compile_blocks(model)
+    sizes = [(224, 224), (300, 180), (200, 250), (390, 390), (260, 330), (120, 370)]
+    graphs = []
+    with torch.no_grad():
+        for i, size in enumerate(sizes):
+            image = Image.new("RGB", size, "white")
+            image.paste((200, 30, 30), (10, 10, 100, 90))
+            inputs = processor(text=["<|vision_start|><|image_pad|><|vision_end|>hi"], images=[image],
+                               return_tensors="pt")
+            model(**inputs)
+            graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] > 0
+    assert graphs[-1] == graphs[2], graphs  # after the first sizes (static, then dynamic shapes): no new graph
