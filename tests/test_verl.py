@@ -649,7 +649,7 @@ def test_the_records_train_time_is_split_by_the_actors_calls(model_dir):
     trained = [m for m in (tr.step(t).metrics for t in range(1, 4)) if m["optimizer_steps"] > 0]
     assert trained
     for m in trained:
-        assert m["t_train_actor"] >= 0.3 and 0.1 <= m["t_train_engine_sleep"] < 0.3
+        assert m["t_train_actor"] >= 0.3 and 0.1 <= m["t_train_engine_sleep"] < m["t_train_actor"]
         assert all(m[k] >= 0 for k in parts) and sum(m[k] for k in parts) <= m["t_train"]
 
 
