@@ -123,8 +123,8 @@ def repeated_blocks(model: torch.nn.Module, setting: str) -> list[torch.nn.Modul
 
 def compile_blocks(model: torch.nn.Module) -> int:
     """torch.compile, in place, each block the model repeats, as regional compilation does: the blocks share one
-    compiled graph, so compiling takes one block's time, and the attention masks, LM head and loss outside them
-    stay eager. Returns how many."""
+    compiled graph, so compiling takes one block's time, and the attention masks and loss outside them stay eager
+    (the LM head's chunks compile on their own: bapo_vl/lm_head.py). Returns how many."""
     blocks = repeated_blocks(model, "compile=true")
     for block in blocks:
         block.compile(dynamic=True)

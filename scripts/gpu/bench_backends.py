@@ -387,8 +387,7 @@ def steps_summary(db: Path) -> dict:
                 generate_engine_s=split("t_generate_sample"), generate_logprobs_s=split("t_generate_logprobs"),
                 verify_s=med("t_verify"), train_s=med("t_train"), sync_s=med("t_sync"),
                 # verl: where t_train went (its batch, the engine's sleep, log-prob passes, update_actor)
-                train_parts_s={k[len("t_train_"):]: split(k) for k in ("t_train_batch", "t_train_engine_sleep",
-                               "t_train_logprobs", "t_train_actor") if split(k) is not None} or None,
+                train_parts_s={k[len("t_train_"):]: split(k) for k in later[0] if k.startswith("t_train_")} or None,
                 response_length=med("response_length"), rollouts=med("rollouts"),
                 generate_tokens_per_s=statistics.median(t / m["t_generate"] for t, m in zip(tokens, later)),
                 train_tokens_per_s=statistics.median(t / m["t_train"] for t, m in zip(tokens, later) if m["t_train"]),
@@ -414,9 +413,8 @@ def summary(result: dict, baseline: dict | None) -> dict:
     engine over the transformers engine: its speed-up). A failed run, or a baseline of another card or shape, gives
     no ratio."""
     keys = ("step_s", "generate_s", "verify_s", "train_s", "train_parts_s", "sync_s", "rollouts", "response_length",
-            "prompt_tokens",
-            "tokens_per_gpu_s", "actor_mfu", "peak_flops", "peak_gpu_memory_gb", "steps_recorded", "error",
-            "easyr1_error")
+            "prompt_tokens", "tokens_per_gpu_s", "actor_mfu", "peak_flops", "peak_gpu_memory_gb", "steps_recorded",
+            "error", "easyr1_error")
     row = dict(kind="summary", row=label(result), shape=result["shape"], card=result["card"],
                date=result.get("date"), commit=result.get("commit"), weights=result.get("weights"), rc=result["rc"],
                gpus=result["gpus"], overrides=result.get("overrides") or [],
