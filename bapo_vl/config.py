@@ -119,8 +119,11 @@ class EmbeddedOptions:
     transformers | vllm (the [vllm] extra)"""
     vllm_options: dict = field(default_factory=dict)
     """keyword arguments of vLLM's LLM(...) for the vllm engine, over its defaults {gpu_memory_utilization: 0.3,
-    max_num_seqs: 1024, enable_sleep_mode: true}: e.g. {gpu_memory_utilization: 0.5, enforce_eager: true}.
-    enable_sleep_mode: false keeps the engine's memory through the update, for runs that share a card"""
+    max_num_seqs: 1024, enable_sleep_mode: true}: e.g. {gpu_memory_utilization: 0.5, enforce_eager: true}. Unless
+    gpu_memory_utilization or kv_cache_memory_bytes is given, the KV cache holds max_num_seqs sequences of full
+    length where those fit in the default share (no start-up memory profile, which fails when other processes on the
+    card allocate meanwhile). enable_sleep_mode: false keeps the engine's memory through the update, for runs that
+    share a card"""
     generate_batch_size: int = within(256, Range(ge=1))
     """sequences per generate call (the transformers engine)"""
     score_batch_size: int = within(32, Range(ge=1))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from bapo_vl.backends import engines
-from bapo_vl.backends.engines import VllmEngine
+from bapo_vl.backends.engines import VllmEngine, kv_bytes_per_token, memory_options
 from bapo_vl.config import load_config
 
 STAND_IN = '''
@@ -87,6 +87,7 @@ def vllm(tmp_path, monkeypatch):
     monkeypatch.delitem(sys.modules, "vllm", raising=False)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # what VllmEngine sets; restored after the test
     monkeypatch.setattr(engines, "process_engine", None)
+    monkeypatch.setattr(engines, "card_bytes", lambda device: 80 * 2 ** 30)  # no card here: an 80 GiB one
     yield importlib.import_module("vllm")
     for name in [m for m in sys.modules if m == "vllm" or m.startswith("vllm.")]:
         del sys.modules[name]
@@ -213,3 +214,43 @@ def test_no_image_is_answered_with_vision_embeddings_of_weights_no_longer_loaded
     assert engine.sample(diagram, 1, "rollout", greedy=True) == [[13, 2]]
     engine.load_weights(backend.policy.state_dict())  # a sync: alpha <- pi_theta
     assert engine.sample(diagram, 1, "rollout", greedy=True) == [[14, 2]]
+
+
+QWEN2_SMALL = CONFIG | {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2}
+QWEN25_VL_3B = {"architectures": ["Qwen2_5_VLForConditionalGeneration"], "vision_config": {"depth": 32},
+                "text_config": {"hidden_size": 2048, "num_hidden_layers": 36, "num_attention_heads": 16,
+                                "num_key_value_heads": 2}}
+
+
+def test_the_kv_cache_is_sized_to_the_work_unless_that_takes_more_than_the_default_share():
+    # Could fail if the cache were counted with query heads instead of key/value heads, or missed the VL model's
+    # text config, if a large model's cache were sized past the default share, or if the user's setting were
+    # overridden.
+    assert kv_bytes_per_token(QWEN2_SMALL) == 2 * 2 * 2 * 16 * 2  # K and V, layers, kv heads, head dim, bf16
+    assert kv_bytes_per_token(QWEN25_VL_3B) == 2 * 36 * 2 * 128 * 2
+    assert kv_bytes_per_token(CONFIG) is None  # config.json does not say: vLLM's default share
+    card = 80 * 2 ** 30
+    small = memory_options({}, QWEN2_SMALL, 576, 10 ** 8, card)
+    assert small["kv_cache_memory_bytes"] == 256 * 1024 * 576
+    assert small["max_num_seqs"] == 1024 and small["enable_sleep_mode"] is True
+    needed = small["kv_cache_memory_bytes"] + 10 ** 8 + 2 * 2 ** 30
+    assert needed <= small["gpu_memory_utilization"] * card < needed + card / 1000  # the start-up check, no more
+    # the 3B VL model at 1,024 + 2,048 tokens: 1,024 sequences would need 108 GiB, over 0.3 of the card
+    assert memory_options({}, QWEN25_VL_3B, 3072, 7 * 10 ** 9, card) == engines.DEFAULT_OPTIONS
+    assert memory_options({"max_num_seqs": 64}, QWEN25_VL_3B, 3072, 7 * 10 ** 9, card)["kv_cache_memory_bytes"] \
+        == 36864 * 64 * 3072
+    for user in ({"gpu_memory_utilization": 0.5}, {"kv_cache_memory_bytes": 2 ** 32}):
+        options = memory_options(user, QWEN2_SMALL, 576, 10 ** 8, card)
+        assert options == {**engines.DEFAULT_OPTIONS, **user}
+
+
+def test_the_engine_is_built_with_the_sized_cache(vllm, tmp_path):
+    # Could fail if VllmEngine still passed the default share (several evaluations on one card then fail vLLM's
+    # start-up profile with a negative cache) or sized the cache for another length than max_model_len.
+    backend = backend_like(tmp_path, config=QWEN2_SMALL)
+    VllmEngine(backend)
+    (llm,) = vllm.built
+    max_model_len = backend.sampling.max_prompt_length + 40
+    assert llm.kwargs["max_model_len"] == max_model_len
+    assert llm.kwargs["kv_cache_memory_bytes"] == 256 * 1024 * max_model_len
+    assert llm.kwargs["gpu_memory_utilization"] < 0.3

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -116,6 +117,43 @@ FIXED_BY_CONFIG = {"model", "dtype", "seed", "max_model_len", "skip_tokenizer_in
 DEFAULT_OPTIONS = {"gpu_memory_utilization": 0.3, "max_num_seqs": 1024, "enable_sleep_mode": True}
 
 
+def kv_bytes_per_token(config: dict) -> int | None:
+    """Bytes of keys and values one token holds in vLLM's bf16 cache over all layers (a VL model's text config),
+    or None where config.json does not say."""
+    text = config.get("text_config") or config
+    try:
+        heads, layers, hidden = text["num_attention_heads"], text["num_hidden_layers"], text["hidden_size"]
+    except KeyError:
+        return None
+    head_dim = text.get("head_dim") or hidden // heads
+    return 2 * layers * text.get("num_key_value_heads", heads) * head_dim * 2
+
+
+def memory_options(vllm_options: dict, config: dict, max_model_len: int, weight_bytes: int,
+                   card_bytes: int) -> dict:
+    """vLLM's options with its memory settled. The user's gpu_memory_utilization or kv_cache_memory_bytes stand.
+    Otherwise, where max_num_seqs sequences of full length fit in the default share of the card, the KV cache is
+    sized to them: vLLM then skips its start-up memory profile, which counts what other processes on the card
+    allocate meanwhile as its own (evaluations and runs sharing a card fail with a negative cache), and takes no more
+    than the work needs. Its utilization then only gates the start-up check of free memory: cache, bf16 weights and
+    2 GiB for activations."""
+    options = {**DEFAULT_OPTIONS, **vllm_options}
+    per_token = kv_bytes_per_token(config)
+    if {"gpu_memory_utilization", "kv_cache_memory_bytes"} & set(vllm_options) or per_token is None:
+        return options
+    cache = per_token * options["max_num_seqs"] * max_model_len
+    needed = cache + weight_bytes + 2 * 2 ** 30
+    if needed > DEFAULT_OPTIONS["gpu_memory_utilization"] * card_bytes:
+        return options
+    utilization = math.ceil(1000 * needed / card_bytes) / 1000
+    return {**options, "kv_cache_memory_bytes": cache, "gpu_memory_utilization": utilization}
+
+
+def card_bytes(device: torch.device) -> int:
+    """The card's memory in bytes."""
+    return torch.cuda.get_device_properties(device).total_memory
+
+
 def sleeps(vllm_options: dict) -> bool:
     """Whether the engine sleeps through each update (vllm_options' enable_sleep_mode, on unless set false)."""
     return bool({**DEFAULT_OPTIONS, **vllm_options}["enable_sleep_mode"])
@@ -190,7 +228,9 @@ class VllmEngine:
                     **{k: v for k, v in fixed.items() if k not in ("model", "seed")}}
         if process_engine is None:
             # decode is bandwidth-bound: wide batches; the trainer needs the rest of the card
-            llm = LLM(**fixed, **{**DEFAULT_OPTIONS, **backend.options.vllm_options})
+            weight_bytes = 2 * sum(p.numel() for p in backend.rollout.parameters())  # served in bf16
+            llm = LLM(**fixed, **memory_options(backend.options.vllm_options, settings["config.json"],
+                                                fixed["max_model_len"], weight_bytes, card_bytes(backend.device)))
             process_engine = ProcessEngine(llm, settings)
         elif differ := sorted(k for k in settings if settings[k] != process_engine.settings[k]):
             raise ValueError(f"rollout_engine=vllm: this process already holds a vLLM engine built with other "
