@@ -130,7 +130,7 @@ def kv_bytes_per_token(config: dict) -> int | None:
 
 
 def memory_options(vllm_options: dict, config: dict, max_model_len: int, weight_bytes: int,
-                   card_bytes: int) -> dict:
+                   card_memory: int) -> dict:
     """vLLM's options with its memory settled. The user's gpu_memory_utilization or kv_cache_memory_bytes stand.
     Otherwise, where max_num_seqs sequences of full length fit in the default share of the card, the KV cache is
     sized to them: vLLM then skips its start-up memory profile, which counts what other processes on the card
@@ -143,9 +143,9 @@ def memory_options(vllm_options: dict, config: dict, max_model_len: int, weight_
         return options
     cache = per_token * options["max_num_seqs"] * max_model_len
     needed = cache + weight_bytes + 2 * 2 ** 30
-    if needed > DEFAULT_OPTIONS["gpu_memory_utilization"] * card_bytes:
+    if needed > DEFAULT_OPTIONS["gpu_memory_utilization"] * card_memory:
         return options
-    utilization = math.ceil(1000 * needed / card_bytes) / 1000
+    utilization = math.ceil(1000 * needed / card_memory) / 1000
     return {**options, "kv_cache_memory_bytes": cache, "gpu_memory_utilization": utilization}
 
 
