@@ -6,12 +6,16 @@ Runs the BAPO Trainer over VerlBackend for a few steps and after each one compar
 fixed probe (prompts + sampled responses) with the FSDP actor's log-probs of the same tokens under the weights of
 the stale rollout policy alpha (the CPU snapshot) and under the current pi_theta:
 
+  engine    at every probe the engine computes what the actor computes with alpha's weights, within TOLERANCE
+            (any delay; with delay 1 and free_cache_engine=True, after each sleep and weight push)
   stale     between syncs the engine matches alpha, not pi_theta (after an update the two differ)
   x2        during a re-evaluation the engine generates with pi_theta, and after it matches alpha again
   behaviour the stored behaviour log-probs equal the engine's log-probs of the sampled tokens, within TOLERANCE
   resume    a checkpoint restores the buffers, the actor's weights exactly, and alpha in the engine
 
-Prints one JSON line per figure and PASS/FAIL per check; exits 1 if any check fails.
+Prints one JSON line per figure and PASS/FAIL per check (SKIP where the config cannot exercise it: stale needs
+bapo.delay > 1 and bapo.use_x2, under which the actor keeps alpha's weights; x2 also a re-evaluation within the
+steps); exits 1 if any check fails.
 """
 from __future__ import annotations
 
@@ -44,6 +48,9 @@ def run(cfg, vcfg) -> int:
     problems = task.load(split="train", **cfg.run.task_options)
     trainer = make_trainer(cfg, backend, task, problems)
     actor = backend.actor
+    # the actor keeps alpha's weights as a CPU snapshot only with delay > 1 and X2; otherwise a probe first puts
+    # pi_theta in the engine (as the next step's sync would) and compares the two at pi_theta
+    alpha_kept = backend.snapshots
 
     def actor_logprobs(prompts, responses, weights: str) -> list[torch.Tensor]:
         """The actor's log-probs of the given responses under alpha's or the current weights."""
@@ -73,12 +80,16 @@ def run(cfg, vcfg) -> int:
     probe_prompts = [backend.encode(p) for p in problems[:8]]
 
     def probe(step: int, label: str) -> dict:
+        if not alpha_kept:
+            backend.sync()
         out = backend.generate(probe_prompts, 1, policy="rollout")  # what the engine holds now
         responses = [g[0] for g in out]
+        current = gap(responses, actor_logprobs(probe_prompts, responses, "current"))
         figures = {"step": step, "when": label, "policy_version": trainer.updates,
                    "rollout_version": trainer.rollout_version,
-                   "gap_alpha": gap(responses, actor_logprobs(probe_prompts, responses, "alpha")),
-                   "gap_current": gap(responses, actor_logprobs(probe_prompts, responses, "current"))}
+                   "gap_alpha": gap(responses, actor_logprobs(probe_prompts, responses, "alpha")) if alpha_kept
+                   else current,
+                   "gap_current": current}
         emit(check="probe", **figures)
         return figures
 
@@ -92,13 +103,13 @@ def run(cfg, vcfg) -> int:
             flat = [r for g in out for r in g]
             flat_prompts = [p for p, g in zip(prompts, out) for _ in g]
             reeval.append({"current": gap(flat, actor_logprobs(flat_prompts, flat, "current")),
-                           "alpha": gap(flat, actor_logprobs(flat_prompts, flat, "alpha"))})
+                           "alpha": gap(flat, actor_logprobs(flat_prompts, flat, "alpha")) if alpha_kept else None})
             emit(check="x2_generation", step=trainer_step[0], **reeval[-1])
         return out
 
     backend.generate = watched_generate
     trainer_step = [0]
-    probes, stored = [], []
+    probes, stored = [probe(0, "before the first step")], []
     for t in range(1, cfg.run.steps + 1):
         trainer_step[0] = t
         result = trainer.step(t)
@@ -108,7 +119,7 @@ def run(cfg, vcfg) -> int:
              grad_norm=m.get("grad_norm"), t_generate=m["t_generate"], t_train=m["t_train"], t_sync=m["t_sync"])
         # behaviour: the stored log-probs of this step's fresh groups vs the actor under alpha (their policy)
         groups = [g for g in result.fresh if g.version == trainer.rollout_version][:8]
-        if groups and trainer.rollout_version != trainer.updates:
+        if groups and alpha_kept and trainer.rollout_version != trainer.updates:
             from bapo_vl.backends.base import Response
 
             resp = [Response(tuple(g.samples[0].tokens), tuple(g.samples[0].logprobs)) for g in groups]
@@ -119,19 +130,26 @@ def run(cfg, vcfg) -> int:
 
     ok = True
 
-    def verdict(name: str, passed: bool, **figures):
+    def verdict(name: str, passed: bool, skip: str = "", **figures):
         nonlocal ok
+        if skip:
+            emit(check=name, result="SKIP", why=skip)
+            return
         ok &= bool(passed)
         emit(check=name, result="PASS" if passed else "FAIL", **figures)
 
+    verdict("engine", all(p["gap_alpha"] < TOLERANCE for p in probes), steps=[p["step"] for p in probes],
+            gap_alpha=[p["gap_alpha"] for p in probes], tolerance=TOLERANCE)
+    no_alpha = "" if alpha_kept else "alpha is not kept (only with bapo.delay > 1 and bapo.use_x2)"
     stale = [p for p in probes if p["rollout_version"] != p["policy_version"]]
-    verdict("stale", bool(stale) and all(p["gap_alpha"] < TOLERANCE and p["gap_current"] > SEPARATION * p["gap_alpha"]
-                                         for p in stale),
+    verdict("stale", all(p["gap_alpha"] < TOLERANCE and p["gap_current"] > SEPARATION * p["gap_alpha"] for p in stale),
+            skip=no_alpha or ("" if stale else "no probe between syncs"),
             steps=[p["step"] for p in stale], gap_alpha=[p["gap_alpha"] for p in stale],
             gap_current=[p["gap_current"] for p in stale])
-    verdict("x2", bool(reeval) and all(r["current"] < TOLERANCE and r["alpha"] > SEPARATION * r["current"]
-                                       for r in reeval), during=reeval)
-    verdict("behaviour", bool(stored) and max(stored) < TOLERANCE, gap_alpha=stored, tolerance=TOLERANCE)
+    verdict("x2", all(r["current"] < TOLERANCE and r["alpha"] > SEPARATION * r["current"] for r in reeval),
+            skip=no_alpha or ("" if reeval else "no re-evaluation within the steps"), during=reeval)
+    verdict("behaviour", bool(stored) and max(stored) < TOLERANCE, gap_alpha=stored, tolerance=TOLERANCE,
+            skip=no_alpha)
 
     # resume: checkpoint, move on, load it back
     with tempfile.TemporaryDirectory() as tmp:
