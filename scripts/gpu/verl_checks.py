@@ -1,6 +1,7 @@
 """What the CPU tests cannot show about the real verl path (Ray, FSDP actor, colocated vLLM), checked on a GPU.
 
     python scripts/gpu/verl_checks.py --config bapo_vl/presets/verl_tiny.yaml [bapo.KEY=V ...] [verl.KEY=V ...]
+        [--no-resume]
 
 Runs the BAPO Trainer over VerlBackend for a few steps and after each one compares the engine's log-probs of a
 fixed probe (prompts + sampled responses) with the FSDP actor's log-probs of the same tokens under the weights of
@@ -33,7 +34,7 @@ def emit(**fields):
     print(json.dumps(fields), flush=True)
 
 
-def run(cfg, vcfg) -> int:
+def run(cfg, vcfg, resume: bool = True) -> int:
     import torch
 
     from bapo_vl.backends.base import UpdateBatch
@@ -151,6 +152,9 @@ def run(cfg, vcfg) -> int:
     verdict("behaviour", bool(stored) and max(stored) < TOLERANCE, gap_alpha=stored, tolerance=TOLERANCE,
             skip=no_alpha)
 
+    if not resume:
+        verdict("resume", False, skip="--no-resume")
+        return 0 if ok else 1
     # resume: checkpoint, move on, load it back
     with tempfile.TemporaryDirectory() as tmp:
         state = copy.deepcopy(trainer.state_dict())
@@ -176,6 +180,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", required=True)
     ap.add_argument("overrides", nargs="*")
+    ap.add_argument("--no-resume", action="store_true",
+                    help="skip the resume check (it writes a whole actor checkpoint: fp32 weights and AdamW state)")
     args = ap.parse_args()
     import os
 
@@ -186,7 +192,7 @@ def main():
     cfg, vcfg = load_configs(args.config, args.overrides)
     if not ray.is_initialized():
         ray.init(address=os.environ.get("RAY_ADDRESS"), runtime_env={"env_vars": {"TOKENIZERS_PARALLELISM": "true"}})
-    sys.exit(ray.get(ray.remote(num_cpus=1)(run).remote(cfg, vcfg)))
+    sys.exit(ray.get(ray.remote(num_cpus=1)(run).remote(cfg, vcfg, not args.no_resume)))
 
 
 if __name__ == "__main__":
