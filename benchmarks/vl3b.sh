@@ -7,9 +7,11 @@
 #
 # MODEL_DIR: `python scripts/gpu/bench_backends.py models DIR --shapes vl3b` made DIR/vl3b. Optional environment:
 # BENCH_DIR (result files, default ./bench-vl3b), STEPS (default 3: step 1 is warm-up), TIMEOUT (seconds per run, default
-# 7200), CARDS (CUDA_VISIBLE_DEVICES of the run, default the first GPUS cards).
+# 7200), CARDS (CUDA_VISIBLE_DEVICES of the run, default the first GPUS cards). verl with GPUS > 1 and CARDS naming
+# at least GPUS + 1 cards: the 1-GPU baseline runs on the first card and the row on the next GPUS, at the same time
+# (they share the host), instead of one after the other.
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '2,10p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,12p' "$0"; exit 2; }
 row=$1 model=$(realpath "$2") g3k=$(realpath "$3") gpus=${4:-1}
 bench=$(realpath "$(dirname "$0")/../scripts/gpu/bench_backends.py")
 results=$(realpath -m "${BENCH_DIR:-bench-vl3b}")
@@ -27,11 +29,19 @@ case $row in
     train embedded-transformers --backend embedded --set rollout_engine=transformers
     python "$bench" summary "$results/embedded-vllm.json" --baseline "$results/embedded-transformers.json" ;;
   verl)
-    train verl1 --backend verl --gpus 1 ${CARDS:+--cuda "${CARDS%%,*}"}
+    IFS=, read -ra cards <<< "${CARDS:-}"
+    if [ "$gpus" -gt 1 ] && [ "${#cards[@]}" -gt "$gpus" ]; then
+      rest=$(IFS=,; echo "${cards[*]:1:$gpus}")
+      train verl1 --backend verl --gpus 1 --cuda "${cards[0]}" & baseline=$!
+      train "verl$gpus" --backend verl --gpus "$gpus" --cuda "$rest" & row=$!
+      failed=0; wait $baseline || failed=1; wait $row || failed=1; [ $failed -eq 0 ]
+    else
+      train verl1 --backend verl --gpus 1 ${CARDS:+--cuda "${CARDS%%,*}"}
+      [ "$gpus" -eq 1 ] || train "verl$gpus" --backend verl --gpus "$gpus"
+    fi
     if [ "$gpus" -eq 1 ]; then
       python "$bench" summary "$results/verl1.json"
     else
-      train "verl$gpus" --backend verl --gpus "$gpus"
       python "$bench" summary "$results/verl$gpus.json" --baseline "$results/verl1.json"
     fi ;;
   *) echo "row: embedded or verl, not $row" >&2; exit 2 ;;
