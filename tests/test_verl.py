@@ -824,6 +824,8 @@ def test_update_metrics_reach_the_run_record(model_dir, tmp_path, monkeypatch):
             assert s[key] == pytest.approx(expect, rel=1e-12) and s[name] == s[key], (s["step"], key)
         assert s["entropy"] > 0 and s["grad_norm"] > 0  # computed from the model, not placeholders
         assert s["actor/lr"] == cfg.optim.lr
+        # the embedded backend's column for the KL to the rollout policy, from verl's number
+        assert s["ppo_kl"] == pytest.approx(float(np.mean(verl_metrics["actor/ppo_kl"])), rel=1e-12)
         trained = s["trained_groups"] - s["trimmed_groups"]
         assert s["optimizer_steps"] == cfg.optim.epochs * max(1, trained // cfg.optim.mini_batch_size)
 

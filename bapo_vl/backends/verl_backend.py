@@ -71,6 +71,9 @@ VERL_METRICS = {
 }
 COUNTED = ("optimizer_steps", "trained_tokens")  # counted here, from the groups verl trains on
 assert set(VERL_METRICS) | set(COUNTED) == set(UPDATE_METRICS)
+# Beyond UPDATE_METRICS: columns the embedded backend's record has too, given its name where verl reports them, so
+# that one column (and the dashboard's Training health panel) reads both backends' runs
+VERL_SHARED_METRICS = {"ppo_kl": "actor/ppo_kl"}  # mean of behaviour minus current log-probs: KL to the rollout
 
 
 class VerlConfigError(ValueError):
@@ -388,7 +391,8 @@ class VerlBackend:
         return UpdateResult(changed=True, metrics=metrics | verl_metrics | self._record_names(verl_metrics))
 
     def _record_names(self, verl_metrics: dict) -> dict:
-        """UPDATE_METRICS from verl's names; kl is 0.0 without a KL term (as on the embedded backend)."""
+        """UPDATE_METRICS (and VERL_SHARED_METRICS where verl reports them) from verl's names; kl is 0.0 without a KL
+        term (as on the embedded backend)."""
         out = {}
         for ours, names in VERL_METRICS.items():
             value = next((verl_metrics[n] for n in names if n in verl_metrics), None)
@@ -398,7 +402,7 @@ class VerlBackend:
                 log.warning("verl's actor returned none of %s: the record's %s column stays empty", names, ours)
                 value = float("nan")
             out[ours] = value
-        return out
+        return out | {ours: verl_metrics[n] for ours, n in VERL_SHARED_METRICS.items() if n in verl_metrics}
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 
