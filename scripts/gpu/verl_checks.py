@@ -50,7 +50,8 @@ def run(cfg, vcfg, resume: bool = True) -> int:
     trainer = make_trainer(cfg, backend, task, problems)
     actor = backend.actor
     # the actor keeps alpha's weights as a CPU snapshot only with delay > 1 and X2; otherwise a probe first puts
-    # pi_theta in the engine (as the next step's sync would) and compares the two at pi_theta
+    # pi_theta in the engine and compares the two at pi_theta (at delay 1 the next step's sync would do the same; at
+    # delay > 1 without X2 it is an extra sync, and the steps after it sample from pi_theta)
     alpha_kept = backend.snapshots
 
     def actor_logprobs(prompts, responses, weights: str) -> list[torch.Tensor]:
