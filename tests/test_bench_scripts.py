@@ -247,6 +247,31 @@ def test_vl3b_rows_compose_at_easyr1s_per_gpu_setting(vl3b_tiny, tmp_path):
     assert (rollout["tensor_model_parallel_size"], rollout["log_prob_micro_batch_size_per_gpu"]) == (1, 16)
 
 
+def test_profile_step_composes_verls_torch_profiler_for_the_actor(vl3b_tiny, tmp_path):
+    # Could fail if verl's own config refused a profiler key (Hydra composes verl's ppo_trainer.yaml and verl's
+    # ProfilerConfig dataclass takes the actor's part), the step did not reach the backend's rule, or the embedded
+    # backend took the flag silently.
+    from omegaconf import OmegaConf
+    from verl.utils.config import omega_conf_to_dataclass
+
+    from bapo_vl.backends.verl_backend import profiled_steps
+
+    out = tmp_path / "verl.json"
+    run(BENCH, "train", "--shape", "vl3b", "--model", vl3b_tiny, "--source", G3K, "--check", "--backend", "verl",
+        "--profile-step", "2", "--run-dir", tmp_path / "runs", "--out", out, cwd=tmp_path)
+    vcfg = OmegaConf.create(json.loads(out.read_text())["verl"])
+    assert profiled_steps(vcfg) == (2,)
+    assert vcfg.global_profiler.save_path == str(tmp_path / "runs" / "profile-vl3b-verl1-step2")
+    profiler = omega_conf_to_dataclass(vcfg.actor_rollout_ref.actor.profiler)
+    torch_tool = profiler.tool_config["torch"]
+    assert (profiler.tool, profiler.enable, list(torch_tool.contents)) == ("torch", True, ["cuda"])
+    assert torch_tool.schedule.active == 1 and torch_tool.schedule.skip_first == 0
+    refused = subprocess.run([sys.executable, BENCH, "train", "--shape", "vl3b", "--model", vl3b_tiny, "--check",
+                              "--backend", "embedded", "--profile-step", "2", "--out", tmp_path / "e.json"],
+                             capture_output=True, text=True, cwd=tmp_path)
+    assert refused.returncode == 1 and "bench_gpu.py update --profile" in refused.stderr
+
+
 def test_vl3b_run_reports_easyr1s_figures_and_the_ratio(vl3b_tiny, tmp_path):
     # Could fail if the tokens/s per GPU lost the prompt tokens (EasyR1 counts prompt + response), divided by the
     # wrong time or GPU count, if the actor MFU took verl's whole t_train rather than its update_actor call, or if the
@@ -526,3 +551,53 @@ def test_sft_data_benchmark_prints_the_byte_encoding_against_the_processor(tmp_p
     assert s["draw_and_encode_x_baseline"] == pytest.approx(
         (s["draw_ms"] + s["baseline"]["encode_ms"]) / (s["draw_ms"] + s["encode_ms"]))
     assert s["date"] and s["commit"]
+
+
+def test_trace_summary_reads_a_torch_trace_and_counts_the_gpus_busy_time(tmp_path):
+    """A Chrome trace as torch.profiler exports it (gzip, as verl's torch profiler writes it): its host events from a
+    real profile on CPU, and the GPU's events in the CUDA trace's format (kernels on two streams that overlap, a
+    host-to-device copy with its bytes, an annotated range). Could fail if overlapping kernels were counted twice in
+    the busy time, a fused Triton softmax were called a softmax, a copy's bytes were lost, or a gzip trace unread."""
+    import gzip
+
+    import torch
+
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    try:
+        import trace_summary
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "gpu"))
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        with torch.profiler.record_function("mini_batch0"):
+            torch.ones(64, 64) @ torch.ones(64, 64)
+    plain = tmp_path / "host.json"
+    prof.export_chrome_trace(str(plain))
+    events = json.loads(plain.read_text())["traceEvents"]
+    assert trace_summary.summarize(events)["gpu_events"] == 0
+
+    def gpu(cat, name, ts, dur, stream=7, **args):
+        return dict(ph="X", cat=cat, name=name, pid=0, tid=stream, ts=ts, dur=dur, args=args)
+
+    events += [gpu("kernel", "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", 1000, 400),
+               gpu("kernel", "ncclDevKernel_AllGather_RING_LL", 1200, 500, stream=20),  # overlaps the product
+               gpu("kernel", "triton_red_fused__softmax__to_copy_add_exp", 2000, 100),
+               gpu("kernel", "void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>", 2100, 50),
+               gpu("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 3000, 1000, bytes=25_000_000_000 // 1000),
+               gpu("gpu_user_annotation", "mini_batch0", 1000, 3000)]
+    path = tmp_path / "rank0.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump({"traceEvents": events}, f)
+    [s] = trace_summary.summarize_files([path])
+    assert s["trace"] == "rank0.json.gz" and s["devices"] == ["0"] and s["kernels"] == 4
+    assert s["span_s"] == pytest.approx(3000e-6)  # 1000 .. 4000 us
+    assert s["busy_s"] == pytest.approx((700 + 150 + 1000) * 1e-6)  # 1000-1700, 2000-2150, 3000-4000
+    assert s["kernel_s"] == pytest.approx(1050e-6)
+    fams = s["families"]
+    assert fams["matrix products"]["s"] == pytest.approx(400e-6) and fams["nccl (communication)"]["calls"] == 1
+    assert fams["triton (fused)"]["s"] == pytest.approx(100e-6) and "reductions, softmax, norms" not in fams
+    assert fams["element-wise"]["share"] == pytest.approx(50 / 1050)
+    assert s["copies"] == {"HtoD": pytest.approx(dict(s=1000e-6, calls=1, GB=0.025))}
+    assert s["annotations"] == {"mini_batch0": pytest.approx(dict(s=3000e-6, calls=1))}
+    assert s["top_kernels"][0]["name"].startswith("ncclDevKernel")
+    table = trace_summary.markdown(s, s["trace"])
+    assert "GPU busy 0.002 s of a 0.003 s window (62 %)" in table and "| HtoD | 0.001 | 0.03 | 1 |" in table

@@ -261,6 +261,13 @@ class StandInActor:
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=optim.lr, weight_decay=optim.weight_decay,
                                            betas=tuple(optim.betas))
         self.cpu_saved, self.batches, self.metrics = {}, [], []
+        self.profiled = []  # ("start", step) / ("update", n) / ("stop", last), as verl's worker group sees them
+
+    def start_profile(self, step):
+        self.profiled.append(("start", step))
+
+    def stop_profile(self, last):
+        self.profiled.append(("stop", last))
 
     def update_actor(self, batch: DataProto) -> DataProto:
         from verl.utils.py_functional import append_to_dict, rename_dict
@@ -651,6 +658,45 @@ def test_the_records_train_time_is_split_by_the_actors_calls(model_dir):
     for m in trained:
         assert m["t_train_actor"] >= 0.3 and 0.1 <= m["t_train_engine_sleep"] < m["t_train_actor"]
         assert all(m[k] >= 0 for k in parts) and sum(m[k] for k in parts) <= m["t_train"]
+
+
+def test_profiled_steps_run_their_actor_passes_under_verls_profiler(model_dir):
+    """global_profiler.steps=[2, 3]: the profiler brackets the actor's passes of steps 2 and 3 (the reference's
+    log-probs and update_actor), nothing else; the finish hook is asked for after the last profiled step only.
+    Could fail if a step were missed, profiled twice, or the window left out update_actor."""
+    cfg = make_cfg(model_dir, delay=1, kl_coef=0.01)
+    task = ScheduledTask()
+    backend = make_verl(cfg)
+    backend.profile_steps = (2, 3)
+    actor = backend.actor
+    update, logprobs = actor.update_actor, actor.compute_ref_log_prob
+    actor.update_actor = lambda b: actor.profiled.append(("update", len(b))) or update(b)
+    actor.compute_ref_log_prob = lambda b: actor.profiled.append(("logprobs", len(b))) or logprobs(b)
+    tr = make_trainer(cfg, backend, task, task.problems)
+    metrics = [tr.step(t).metrics for t in range(1, 5)]
+    trained = [t for t, m in zip(range(1, 5), metrics) if m["optimizer_steps"] > 0]
+    assert {2, 3} <= set(trained), trained
+    events = actor.profiled
+    starts = [i for i, e in enumerate(events) if e[0] == "start"]
+    assert [events[i] for i in starts] == [("start", 2), ("start", 3)]
+    for i in starts:
+        assert [e[0] for e in events[i:i + 4]] == ["start", "logprobs", "update", "stop"]
+    assert [e for e in events if e[0] == "stop"] == [("stop", False), ("stop", True)]
+
+
+def test_profiled_steps_follow_verls_global_profiler():
+    """fit()'s rule: steps are profiled only once global_profiler names a tool; the composed config is verl's own."""
+    from omegaconf import OmegaConf
+
+    from bapo_vl.backends.verl_backend import profiled_steps
+
+    vcfg = copy.deepcopy(_verl_base_config())
+    assert profiled_steps(vcfg) == ()
+    OmegaConf.update(vcfg, "global_profiler.steps", [2, 4])
+    assert profiled_steps(vcfg) == ()
+    OmegaConf.update(vcfg, "global_profiler.tool", "torch")
+    assert profiled_steps(vcfg) == (2, 4)
+    assert vcfg.actor_rollout_ref.actor.profiler.tool == "torch"  # the actor's profiler follows the global tool
 
 
 def test_derived_settings_write_entropy_log_probs_clip_and_lr_into_verls_config():

@@ -12,6 +12,8 @@ embedded backend (sync / encode / generate / decode / update / state_dict). What
             rollout_is_weights] -> `actor.update_actor`.
   sync      `checkpoint_manager.update_weights()`: alpha <- pi_theta, only when the Trainer asks (t % v == 0).
   metrics   verl's actor metric names -> the record's (VERL_METRICS), verl's own names kept beside them.
+  profile   verl's `global_profiler` (tool, steps, save_path) with the actor's `profiler.enable`: the actor's passes
+            of those steps run under verl's profiler, as in verl's fit().
 
 Delayed rollout policy: the rollout engine keeps its weights between syncs only if it never
 sleeps at level 2, i.e. `actor_rollout_ref.rollout.free_cache_engine=False` for colocated vLLM (the engine's memory
@@ -174,7 +176,8 @@ class VerlBackend:
     def __init__(self, sampling, optim, loss, rollout_manager, actor, checkpoint_manager, tokenizer, processor=None, *,
                  task_name: str, delay: int, use_x2: bool, divisor: int = 1, dp_size: int = 1,
                  mini_batch_size: int | None = None, micro_batch_size_per_gpu: int = 1,
-                 rollout_name: str = "vllm", free_cache_engine: bool = False, position_ids_fn=None):
+                 rollout_name: str = "vllm", free_cache_engine: bool = False, position_ids_fn=None,
+                 profile_steps: tuple[int, ...] = ()):
         validate_verl_config(rollout_name, free_cache_engine, delay)
         if optim.critic:
             raise VerlConfigError("critic=True (BA-PPO) runs on the embedded backend only: verl's critic worker is "
@@ -209,6 +212,9 @@ class VerlBackend:
         # fit() has it sleep between generation and the update; the next weight push wakes it.
         self.free_cache_engine = free_cache_engine
         self.engine_asleep = False
+        # verl's global_profiler.steps: the actor's passes of these steps run under verl's profiler (as fit() does;
+        # generation runs in the engines, which verl profiles on their own)
+        self.profile_steps = tuple(profile_steps)
         if self.snapshots:  # the engine starts with the actor's initial weights: that is alpha until the first sync
             actor.save_model_to_cpu(ALPHA)
 
@@ -367,6 +373,9 @@ class VerlBackend:
         data = self.batch_to_dataproto(batch.select(list(range(keep))))
         t1 = time.perf_counter()
         self._sleep_engine()  # before any of the actor's passes
+        profiling = batch.step in self.profile_steps
+        if profiling:
+            self.actor.start_profile(batch.step)
         t2 = time.perf_counter()
         behaviour = data.batch["old_log_probs"]
         old, is_w = old_logprobs(behaviour, self.optim.tis_threshold,
@@ -378,11 +387,14 @@ class VerlBackend:
             data = data.union(self.actor.compute_ref_log_prob(data))
         t3 = time.perf_counter()
         out = self.actor.update_actor(data)
+        t4 = time.perf_counter()
+        if profiling:  # verl's finish hook (global_profiler.finish_hook_cmd) runs after the last profiled step only
+            self.actor.stop_profile(last=batch.step == max(self.profile_steps))
         # where the record's t_train went: building verl's batch, putting the engine to sleep, the proximal and
         # reference log-probs, and verl's update_actor call (with FSDP offload, its moves of weights and optimizer
         # state between host and card are inside it)
         metrics |= {"t_train_batch": t1 - t0, "t_train_engine_sleep": t2 - t1, "t_train_logprobs": t3 - t2,
-                    "t_train_actor": time.perf_counter() - t3}
+                    "t_train_actor": t4 - t3}
         metrics["optimizer_steps"] = self.optim.epochs * max(1, keep // self.mini_batch_size)
         metrics["trained_tokens"] = int(data.batch["attention_mask"].sum())
         self.alpha_stale = True
@@ -486,7 +498,15 @@ def build_verl_workers(vcfg):
         checkpoint_manager=trainer.checkpoint_manager, tokenizer=model_config.tokenizer,
         processor=model_config.processor, divisor=rollout.agent.num_workers, dp_size=n_gpus,
         micro_batch_size_per_gpu=vcfg.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu or 1,
-        rollout_name=rollout.name, free_cache_engine=rollout.free_cache_engine)
+        rollout_name=rollout.name, free_cache_engine=rollout.free_cache_engine,
+        profile_steps=profiled_steps(vcfg))
+
+
+def profiled_steps(vcfg) -> tuple[int, ...]:
+    """The steps whose actor passes run under verl's profiler: `global_profiler.steps` once a tool is set (fit()'s
+    rule; the actor's `profiler.enable` and `tool_config` say what is recorded, and where)."""
+    profiler = vcfg.global_profiler
+    return tuple(int(s) for s in profiler.steps or ()) if profiler.tool else ()
 
 
 class RayTrainerActor:
@@ -512,6 +532,13 @@ class RayTrainerActor:
 
     def compute_log_prob(self, batch):
         return self.trainer._compute_old_log_prob(batch)[0]
+
+    def start_profile(self, step: int):
+        self.trainer.global_steps = step  # the trace's file name carries it
+        self.trainer._start_profiling(True)
+
+    def stop_profile(self, last: bool):
+        self.trainer._stop_profiling(True, run_command=last)
 
     def compute_ref_log_prob(self, batch):
         return self.trainer._compute_ref_log_prob(batch)

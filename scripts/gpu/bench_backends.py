@@ -8,6 +8,8 @@ is), BAPO on verl with 1 GPU and with 2 GPUs, and the bandwidth bound of decode 
     python scripts/gpu/bench_backends.py report F.json ...                 # the table, ratios against embedded
     python scripts/gpu/bench_backends.py summary F.json --baseline B.json  # one row as JSON, EasyR1's figures
     python scripts/gpu/bench_backends.py train ... --check                 # the run's config, composed, not run
+    python scripts/gpu/bench_backends.py train --backend verl ... --profile-step 2   # + what the GPU did in the
+                                            # update's first mini-batch (scripts/gpu/trace_summary.py)
 
 Shapes (random weights, byte vocabulary; every group is trained on: online_filter=none, no re-evaluation within the
 run, kl_coef=0 so neither backend keeps a reference model):
@@ -24,8 +26,10 @@ run, kl_coef=0 so neither backend keeps a reference model):
         and responses up to 2048 tokens, Geometry3K diagrams resized to 262,144..4,194,304 pixels, on-policy
         (delay=1, no X2 or X3: the grpo algorithm) as EasyR1's GRPO. The byte tokenizer has 263 ids; the vocabulary is padded to the real 151,936 so
         that embedding, LM head, their FLOPs and their AdamW state are the real model's. With random weights EOS is
-        one draw in 151,936, so responses run to the 2048-token budget: a step is the setting's longest; compare
-        tokens/s per GPU with EasyR1's, not seconds per step. Differences from EasyR1: no KL term (kl_coef 0: no
+        one draw in 151,936, so the embedded backend's responses run to the 2048-token budget: a step is the
+        setting's longest; compare tokens/s per GPU with EasyR1's, not seconds per step. verl's engine samples only
+        the tokenizer's 263 ids (it masks the rest), so its responses end after about 300 tokens.
+        Differences from EasyR1: no KL term (kl_coef 0: no
         reference model; EasyR1 runs one at 1e-2), vLLM tensor parallel 1 (EasyR1: 2), top_p 1.
         Memory (GB = 1e9 bytes) of the embedded backend on one card: fp32 weights 15.0 + AdamW 30.0 stay resident
         (delay=1: no rollout copy; kl_coef 0: no reference copy); generation adds vLLM's share of the card
@@ -59,6 +63,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import trace_summary  # beside this file
 
 REPO = Path(__file__).resolve().parents[2]
 TEXT = dict(hidden=896, layers=24, heads=14, kv_heads=2, intermediate=4864)
@@ -288,11 +294,27 @@ def check(backend: str, gpus: int, cmd: list[str]) -> dict:
     return dict(config=cfg.to_dict(), verl=OmegaConf.to_container(vcfg, resolve=False))
 
 
+def profile_settings(step: int, save_path: Path) -> list[str]:
+    """verl's torch profiler over the actor's passes of one step: CUDA activity (and the host's, always), the
+    update's first mini-batch only (a schedule of one active mini-batch keeps the trace to a few hundred MB)."""
+    t = "verl.actor_rollout_ref.actor.profiler"
+    return ["verl.global_profiler.tool=torch", f"verl.global_profiler.steps=[{step}]",
+            f"verl.global_profiler.save_path={save_path}", f"{t}.enable=True", f"{t}.tool_config.torch.contents=[cuda]",
+            f"{t}.tool_config.torch.schedule.active=1"]
+
+
 def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out: Path, source: str | None,
           run_dir: Path, timeout: float, extra: list[str], cuda: str | None = None, keep_weights: bool = False,
-          dry: bool = False):
+          dry: bool = False, profile_step: int | None = None):
     # save_every=-1 (COMMON): no checkpoint, no final/; a 3 B model's (fp32 + AdamW) fills tens of GB of disk
     extra = extra + ["save_every=0"] if keep_weights else extra
+    traces = None
+    if profile_step is not None:
+        if backend != "verl":
+            raise SystemExit("--profile-step profiles verl's actor; the embedded update: scripts/bench_gpu.py update "
+                             "--profile")
+        traces = run_dir / f"profile-{shape}-verl{gpus}-step{profile_step}"
+        extra = extra + profile_settings(profile_step, traces)
     name, cmd, verl = command(shape, backend, gpus, model_dir, steps, source, run_dir, extra)
     print(" ".join(cmd), flush=True)
     if dry:
@@ -319,6 +341,9 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
                   wall_s=time.time() - t0, **mode, steps=steps, overrides=extra, weights="random", model=str(model_dir),
                   peak_gpu_memory_gb=max(memory.peak_gb.values()) if memory.peak_gb else None,
                   peak_gpu_memory_gb_by_card=memory.peak_gb, **summary)
+    if traces is not None:  # what the GPU did in the profiled window, from the trace rank 0 wrote
+        files = sorted(traces.rglob("*.json.gz"))
+        result["profile"] = trace_summary.summarize_files(files) if files else f"no trace under {traces}"
     _write(out, result)
 
 
@@ -503,6 +528,8 @@ def main():
     t.add_argument("--cuda", help="CUDA_VISIBLE_DEVICES for the run (default: the first --gpus cards)")
     t.add_argument("--keep-weights", action="store_true", help="write a checkpoint and final/ at the run's end "
                    "(save_every=0; default: none, save_every=-1; the run record is always kept)")
+    t.add_argument("--profile-step", type=int, help="verl: run the actor's passes of this step under verl's torch "
+                   "profiler (the update's first mini-batch) and put the trace's summary in --out")
     t.add_argument("--check", action="store_true", help="compose and check the run's config (verl's too), write "
                    "it to --out and exit: runs nothing, needs no GPU")
     sub.add_parser("report").add_argument("files", type=Path, nargs="+")
@@ -519,7 +546,7 @@ def main():
         bound(a.shape, a.model, a.out)
     elif a.cmd == "train":
         train(a.shape, a.backend, a.gpus, a.model, a.steps, a.out, a.source, a.run_dir, a.timeout, a.set, a.cuda,
-              a.keep_weights, a.check)
+              a.keep_weights, a.check, a.profile_step)
     else:
         report(a.files)
 
