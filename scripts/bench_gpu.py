@@ -25,10 +25,11 @@ and pixels, one optimizer step), after one warm-up: tokens/s, MFU (6 N T over th
 tokens for the LM head, causal attention FLOPs, over the card's dense bf16 peak; a VL model's vision tower counted over
 its patches, its attention not), EasyR1's count of it (the language model only), peak allocated / reserved memory; with
 `--profile`, torch.profiler's top operators of one more update and its device time by part (the vision tower's and the
-language model's forward and backward, the optimizer step, the rest: what bounds the MFU); `--set compile=true` compiles
-the policy's repeated blocks and its LM head's chunks (the backend's setting: fused element-wise kernels); with
-`--sync-debug`, one more update under torch.cuda.set_sync_debug_mode("warn"): how many calls made the host wait for
-the GPU, and from which lines (CUDA only: on CPU it says so and records nothing).
+language model's forward and backward, the optimizer step, the rest: what bounds the MFU) and, on a GPU, its timeline
+(scripts/gpu/trace_summary.py: where the device waited, by the range and operator the host was in);
+`--set compile=true` compiles the policy's repeated blocks and its LM head's chunks (the backend's setting: fused
+element-wise kernels); with `--sync-debug`, one more update under torch.cuda.set_sync_debug_mode("warn"): how many
+calls made the host wait for the GPU, and from which lines (CUDA only: on CPU it says so and records nothing).
 Each call is one process (engines never share a process); `report` prints ratios only between rows of one card.
 """
 from __future__ import annotations
@@ -343,7 +344,30 @@ def profile(fn, model, rows: int = 25) -> dict:
             h.remove()
     key = "self_cuda_time_total" if on_gpu else "self_cpu_time_total"
     return dict(profile=prof.key_averages().table(sort_by=key, row_limit=rows, max_name_column_width=60),
-                profile_parts=profile_parts(prof.events(), list(parts), on_gpu, wall))
+                profile_parts=profile_parts(prof.events(), list(parts), on_gpu, wall),
+                **({"profile_timeline": timeline(prof)} if on_gpu else {}))
+
+
+def timeline(prof) -> dict:
+    """The profiled call's trace read as a timeline (scripts/gpu/trace_summary.py): the GPU's busy share of the
+    window and, for its idle gaps, the range and top-level operator the host was in when it launched the next work."""
+    import tempfile
+
+    trace_summary = _trace_summary()
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return trace_summary.summarize(trace_summary.load(path))
+
+
+def _trace_summary():
+    """scripts/gpu/trace_summary.py, beside this script's folder."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    try:
+        import trace_summary
+    finally:
+        sys.path.pop(0)
+    return trace_summary
 
 
 def labelled(module, name: str) -> list:
@@ -464,6 +488,8 @@ def report(files: list[Path]):
             print(f"\nupdate profile ({card_model(r)}):\n{r['profile']}")
         if r.get("profile_parts"):
             print(f"\nupdate profile ({card_model(r)}) by part: {parts_line(r['profile_parts'], r['seconds'])}")
+        if r.get("profile_timeline"):
+            print("\n" + _trace_summary().markdown(r["profile_timeline"], f"update timeline ({card_model(r)})"))
         if r.get("sync_calls") is not None:
             where = ", ".join(f"{site} x{n}" for site, n in list(r["sync_sites"].items())[:8])
             print(f"\nupdate ({card_model(r)}): {r['sync_calls']} calls waited for the GPU in one update ({where})")

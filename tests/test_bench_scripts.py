@@ -553,11 +553,13 @@ def test_sft_data_benchmark_prints_the_byte_encoding_against_the_processor(tmp_p
     assert s["date"] and s["commit"]
 
 
-def test_trace_summary_reads_a_torch_trace_and_counts_the_gpus_busy_time(tmp_path):
+def test_trace_summary_reads_a_torch_trace_and_says_where_the_gpu_waited(tmp_path):
     """A Chrome trace as torch.profiler exports it (gzip, as verl's torch profiler writes it): its host events from a
     real profile on CPU, and the GPU's events in the CUDA trace's format (kernels on two streams that overlap, a
-    host-to-device copy with its bytes, an annotated range). Could fail if overlapping kernels were counted twice in
-    the busy time, a fused Triton softmax were called a softmax, a copy's bytes were lost, or a gzip trace unread."""
+    host-to-device copy with its bytes, an annotated range, each GPU event's host launch by correlation id). Could
+    fail if overlapping kernels were counted twice in the busy time, a fused Triton softmax were called a softmax, a
+    copy's bytes were lost, a gzip trace unread, or a gap charged to the wrong side: the host launched the Triton
+    kernel after the GPU ran dry (its gap is the host's, in the "loss" range), the copy before (queued)."""
     import gzip
 
     import torch
@@ -575,15 +577,26 @@ def test_trace_summary_reads_a_torch_trace_and_counts_the_gpus_busy_time(tmp_pat
     events = json.loads(plain.read_text())["traceEvents"]
     assert trace_summary.summarize(events)["gpu_events"] == 0
 
-    def gpu(cat, name, ts, dur, stream=7, **args):
-        return dict(ph="X", cat=cat, name=name, pid=0, tid=stream, ts=ts, dur=dur, args=args)
+    def gpu(cat, name, ts, dur, corr, stream=7, **args):
+        return dict(ph="X", cat=cat, name=name, pid=0, tid=stream, ts=ts, dur=dur, args=dict(correlation=corr, **args))
 
-    events += [gpu("kernel", "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", 1000, 400),
-               gpu("kernel", "ncclDevKernel_AllGather_RING_LL", 1200, 500, stream=20),  # overlaps the product
-               gpu("kernel", "triton_red_fused__softmax__to_copy_add_exp", 2000, 100),
-               gpu("kernel", "void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>", 2100, 50),
-               gpu("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 3000, 1000, bytes=25_000_000_000 // 1000),
-               gpu("gpu_user_annotation", "mini_batch0", 1000, 3000)]
+    def host(cat, name, ts, dur, corr=None):
+        return dict(ph="X", cat=cat, name=name, pid=1, tid=1, ts=ts, dur=dur,
+                    args={} if corr is None else dict(correlation=corr))
+
+    events += [gpu("kernel", "nvjet_sm90_tst_320x128_64x3_1x2_h_bz_coopB_NNT", 1000, 400, 1),
+               gpu("kernel", "ncclDevKernel_AllGather_RING_LL", 1200, 500, 2, stream=20),  # overlaps the product
+               gpu("kernel", "triton_red_fused__softmax__to_copy_add_exp", 2000, 100, 3),
+               gpu("kernel", "void at::native::vectorized_elementwise_kernel<4, CUDAFunctor_add>", 2100, 50, 4),
+               gpu("gpu_memcpy", "Memcpy HtoD (Pinned -> Device)", 3000, 1000, 5, bytes=25_000_000_000 // 1000),
+               gpu("gpu_user_annotation", "mini_batch0", 1000, 3000, None),
+               host("user_annotation", "language model forward", 900, 1600),
+               host("cpu_op", "aten::mm", 950, 50), host("cuda_runtime", "cudaLaunchKernel", 960, 10, 1),
+               host("cpu_op", "nccl:_all_gather_base", 1010, 40), host("cuda_runtime", "cudaLaunchKernel", 1020, 5, 2),
+               host("user_annotation", "loss", 1800, 400),
+               host("cpu_op", "CompiledFunction", 1850, 100), host("cpu_op", "triton_red_fused", 1890, 20),
+               host("cuda_runtime", "cuLaunchKernel", 1900, 10, 3), host("cuda_runtime", "cuLaunchKernel", 1960, 10, 4),
+               host("cpu_op", "aten::copy_", 2040, 30), host("cuda_runtime", "cudaMemcpyAsync", 2050, 10, 5)]
     path = tmp_path / "rank0.json.gz"
     with gzip.open(path, "wt") as f:
         json.dump({"traceEvents": events}, f)
@@ -599,5 +612,33 @@ def test_trace_summary_reads_a_torch_trace_and_counts_the_gpus_busy_time(tmp_pat
     assert s["copies"] == {"HtoD": pytest.approx(dict(s=1000e-6, calls=1, GB=0.025))}
     assert s["annotations"] == {"mini_batch0": pytest.approx(dict(s=3000e-6, calls=1))}
     assert s["top_kernels"][0]["name"].startswith("ncclDevKernel")
+    gaps = s["idle"]
+    assert gaps["host_late_s"] == pytest.approx(300e-6) and gaps["queued_s"] == pytest.approx(850e-6)
+    assert [(g["range"], g["op"], g["gaps"]) for g in gaps["by_range"]] == [("(queued)", None, 1),
+                                                                           ("loss", "CompiledFunction", 1)]
+    assert gaps["largest"][0]["after"].startswith("void at::native::vectorized") and \
+        gaps["largest"][0]["before"].startswith("Memcpy HtoD")
     table = trace_summary.markdown(s, s["trace"])
     assert "GPU busy 0.002 s of a 0.003 s window (62 %)" in table and "| HtoD | 0.001 | 0.03 | 1 |" in table
+    assert "| loss / CompiledFunction | 0.0003 | 1 |" in table
+
+
+def test_update_report_prints_where_the_profiled_update_left_the_gpu_idle(tmp_path):
+    # Could fail if `report` dropped the timeline of a profiled update or charged its gap to another range.
+    sys.path.insert(0, str(ROOT / "scripts" / "gpu"))
+    try:
+        import trace_summary
+    finally:
+        sys.path.remove(str(ROOT / "scripts" / "gpu"))
+    k = lambda corr, ts: dict(ph="X", cat="kernel", name="nvjet_gemm", pid=0, tid=7, ts=ts, dur=100,
+                              args=dict(correlation=corr))
+    h = lambda cat, name, ts, dur, **args: dict(ph="X", cat=cat, name=name, pid=1, tid=1, ts=ts, dur=dur, args=args)
+    events = [k(1, 0), k(2, 600), h("cuda_runtime", "cudaLaunchKernel", -10, 5, correlation=1),
+              h("user_annotation", "optimizer step", 150, 500), h("cpu_op", "aten::_fused_adamw_", 500, 100),
+              h("cuda_runtime", "cudaLaunchKernel", 550, 5, correlation=2)]
+    row = json.loads((ROOT / "docs" / "bench" / "2026-11-29-2xH200-f3a9609" / "update-text151k-compile.json").read_text())
+    row["profile_timeline"] = trace_summary.summarize(events)
+    (tmp_path / "u.json").write_text(json.dumps(row))
+    out = run(ROOT / "scripts" / "bench_gpu.py", "report", tmp_path / "u.json")
+    assert "update timeline (NVIDIA H200): GPU busy 0.000 s of a 0.001 s window (29 %)" in out
+    assert "host late 0.001 s, queued 0.000 s" in out and "| optimizer step / aten::_fused_adamw_ | 0.0005 | 1 |" in out

@@ -6,11 +6,16 @@ host<->device copies with their bytes) and under which annotated ranges. Reads t
     python scripts/gpu/trace_summary.py TRACE [TRACE ...] [--top 15] [--out summary.json]
 
 busy_s is the union of the GPU's kernel, copy and memset intervals over all its streams; span_s runs from the first
-to the last of them: busy / span is how much of the window the GPU worked, the rest it waited on the host.
+to the last of them: busy / span is how much of the window the GPU worked. `idle` says where the rest went: for each
+gap, the host launch of the work that ended it (matched by the trace's correlation ids). Launched after the GPU ran
+dry, the gap is the host's ("host late"), charged to the annotated range (record_function) and the top-level
+operator the launch happened in; launched before, the work waited on something else ("queued": another stream, an
+event, a copy).
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import gzip
 import json
 from collections import defaultdict
@@ -52,6 +57,76 @@ def union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
+def _enclosing(intervals: list[tuple[float, float, str]]):
+    """A lookup of the outermost interval (start, end, name) that holds a time: intervals nested or disjoint, as a
+    thread's operators are."""
+    outer, end = [], float("-inf")
+    for a, b, name in sorted(intervals, key=lambda x: (x[0], -x[1])):
+        if a >= end:
+            outer.append((a, b, name))
+            end = b
+    starts = [a for a, _, _ in outer]
+
+    def at(t: float) -> str | None:
+        i = bisect.bisect_right(starts, t) - 1
+        return outer[i][2] if i >= 0 and outer[i][1] >= t else None
+    return at
+
+
+def _innermost(intervals: list[tuple[float, float, str]]):
+    """A lookup of the innermost interval that holds a time (the latest-starting one that still covers it)."""
+    ordered = sorted(intervals)
+    starts = [a for a, _, _ in ordered]
+
+    def at(t: float) -> str | None:
+        for i in range(bisect.bisect_right(starts, t) - 1, -1, -1):
+            if ordered[i][1] >= t:
+                return ordered[i][2]
+        return None
+    return at
+
+
+def idle(events: list[dict], gpu: list[dict], top: int = 15) -> dict:
+    """Where the GPU's idle time between its first and last event went (see the module's docstring)."""
+    spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e) for e in gpu)
+    launches = {(e.get("args") or {}).get("correlation"): e for e in events
+                if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"}
+    by_thread = defaultdict(lambda: ([], []))
+    for e in events:
+        if e.get("ph") == "X" and "dur" in e and e.get("cat") in ("cpu_op", "user_annotation"):
+            ops, ranges = by_thread[(e.get("pid"), e.get("tid"))]
+            (ops if e["cat"] == "cpu_op" else ranges).append((float(e["ts"]), float(e["ts"]) + float(e["dur"]),
+                                                              e["name"]))
+    lookups = {k: (_enclosing(ops), _innermost(ranges)) for k, (ops, ranges) in by_thread.items()}
+    host_late = queued = 0.0
+    charged, largest = defaultdict(lambda: [0.0, 0]), []
+    end, previous = spans[0][1], spans[0][2]
+    for a, b, e in spans[1:]:
+        if a > end:
+            gap = (a - end) / 1e6
+            launch = launches.get((e.get("args") or {}).get("correlation"))
+            if launch is None or float(launch["ts"]) + float(launch.get("dur", 0)) <= end:
+                queued += gap
+                where = ("(queued)", None)
+            else:
+                host_late += gap
+                op_at, range_at = lookups.get((launch.get("pid"), launch.get("tid")), (lambda t: None,) * 2)
+                t = float(launch["ts"])
+                where = (range_at(t) or "(no range)", op_at(t))
+            row = charged[where]
+            row[0] += gap
+            row[1] += 1
+            largest.append((gap, where, previous["name"], e["name"]))
+        if b > end:
+            end, previous = b, e
+    largest.sort(key=lambda x: -x[0])
+    return {"host_late_s": host_late, "queued_s": queued,
+            "by_range": [{"range": r, "op": op, "s": s, "gaps": n}
+                         for (r, op), (s, n) in sorted(charged.items(), key=lambda kv: -kv[1][0])[:top]],
+            "largest": [{"s": s, "range": r, "op": op, "after": before[:120], "before": after[:120]}
+                        for s, (r, op), before, after in largest[:top]]}
+
+
 def summarize(events: list[dict], top: int = 15) -> dict:
     """Seconds throughout (the trace's timestamps are microseconds)."""
     gpu = [e for e in events if e.get("ph") == "X" and e.get("cat") in GPU_CATEGORIES and "dur" in e]
@@ -91,15 +166,16 @@ def summarize(events: list[dict], top: int = 15) -> dict:
         "top_kernels": [{"name": k[:160], "s": s, "calls": n, "share": share(s)}
                         for k, (s, n) in ordered(by_name, top)],
         "copies": {k: {"s": s, "calls": n, "GB": gb} for k, (s, n, gb) in sorted(copies.items())},
-        "annotations": {k: {"s": s, "calls": n} for k, (s, n) in ordered(ranges, top)}}
+        "annotations": {k: {"s": s, "calls": n} for k, (s, n) in ordered(ranges, top)},
+        "idle": idle(events, gpu, top)}
 
 
 def markdown(s: dict, title: str) -> str:
     if not s.get("gpu_events"):
         return f"{title}: no GPU events in the trace\n"
     lines = [(f"{title}: GPU busy {s['busy_s']:.3f} s of a {s['span_s']:.3f} s window "
-              f"({100 * s['busy_fraction']:.0f} %); {s['kernels']:,} kernels, {s['kernel_s']:.3f} s"), "", "| kernel family | s | share | calls |",
-             "| --- | --- | --- | --- |"]
+              f"({100 * s['busy_fraction']:.0f} %); {s['kernels']:,} kernels, {s['kernel_s']:.3f} s"), "",
+             "| kernel family | s | share | calls |", "| --- | --- | --- | --- |"]
     lines += [f"| {k} | {v['s']:.3f} | {100 * v['share']:.1f} % | {v['calls']:,} |" for k, v in s["families"].items()]
     if s["copies"]:
         lines += ["", "| copy | s | GB | calls |", "| --- | --- | --- | --- |"]
@@ -110,6 +186,11 @@ def markdown(s: dict, title: str) -> str:
     if s["annotations"]:
         lines += ["", "| annotated range (GPU time) | s | calls |", "| --- | --- | --- |"]
         lines += [f"| {k} | {v['s']:.3f} | {v['calls']:,} |" for k, v in s["annotations"].items()]
+    gaps = s["idle"]
+    lines += ["", (f"GPU idle within the window: host late {gaps['host_late_s']:.3f} s, "
+              f"queued {gaps['queued_s']:.3f} s"),
+              "", "| idle, launched in (range / top-level operator) | s | gaps |", "| --- | --- | --- |"]
+    lines += [f"| {g['range']} / {g['op']} | {g['s']:.4f} | {g['gaps']:,} |" for g in gaps["by_range"]]
     return "\n".join(lines) + "\n"
 
 
