@@ -520,14 +520,18 @@ def test_update_batch_carries_stored_behaviour_logprobs(runs):
         samples = [s for g in groups for s in g.samples]
         b = batch.batch
         assert len(batch) == len(samples) and len(batch) % backend.dp_size == 0
-        for i, s in enumerate(samples):
-            m = b["response_mask"][i].bool()
-            assert b["responses"][i][m].tolist() == s.tokens
-            assert torch.equal(b["old_log_probs"][i][m], torch.tensor(s.logprobs, dtype=torch.float32))
-            assert torch.all(b["advantages"][i][~m] == 0)
+        rows = {}  # (group, response tokens) -> rows: the update orders rows by length within each optimizer step
+        for i in range(len(batch)):
+            key = (batch.non_tensor_batch["uid"][i], tuple(b["responses"][i][b["response_mask"][i].bool()].tolist()))
+            rows.setdefault(key, []).append(i)
         # token-level advantages are our GRPO advantages per group, constant over each response
         adv = grpo_advantages(torch.tensor([g.rewards for g in groups]), eps=1e-6).flatten()
-        torch.testing.assert_close(b["advantages"][:, 0], adv)
+        for n, s in enumerate(samples):
+            i = rows[(str(n // G), tuple(s.tokens))].pop()
+            m = b["response_mask"][i].bool()
+            assert torch.equal(b["old_log_probs"][i][m], torch.tensor(s.logprobs, dtype=torch.float32))
+            assert torch.all(b["advantages"][i][~m] == 0)
+            torch.testing.assert_close(b["advantages"][i, 0], adv[n])
     # replayed (X3) groups: the log-probs are those stored when they were generated, steps earlier
     assert any(g.step < r.metrics["step"] for r in out["ver"] for g in r.x3)
 
@@ -658,6 +662,45 @@ def test_the_records_train_time_is_split_by_the_actors_calls(model_dir):
     for m in trained:
         assert m["t_train_actor"] >= 0.3 and 0.1 <= m["t_train_engine_sleep"] < m["t_train_actor"]
         assert all(m[k] >= 0 for k in parts) and sum(m[k] for k in parts) <= m["t_train"]
+
+
+def test_length_order_sorts_within_each_cell():
+    from bapo_vl.backends.verl_backend import length_order
+
+    assert length_order([5, 1, 3, 2, 9, 4, 8, 7], 4) == [1, 3, 2, 0, 5, 7, 6, 4]
+    assert length_order([2, 2, 1, 2, 3], 2) == [0, 1, 2, 3, 4]  # stable; a short last cell keeps its row
+
+
+def test_update_rows_go_by_length_within_each_ranks_optimizer_step(model_dir):
+    """verl hands each data-parallel rank a contiguous share of the batch and cuts it into mini-batches (optimizer
+    steps), then micro-batches, in order. The rows reach update_actor sorted by length within each (rank, mini-batch)
+    cell, so micro-batches hold neighbours in length, and each cell trains the sequences it holds in group order:
+    could fail if rows crossed an optimizer step or a rank, or were left in group order."""
+    cfg = make_cfg(model_dir, delay=1)
+    task = ScheduledTask()
+    backend = make_verl(cfg, dp_size=2)
+    seen, update = [], backend.update
+    backend.update = lambda batch: seen.append(batch) or update(batch)
+    tr = make_trainer(cfg, backend, task, task.problems)
+    for t in range(1, T + 1):
+        tr.step(t)
+    sent = backend.actor.batches
+    assert len(sent) == len(seen) > 0
+    reordered = 0
+    for batch, data in zip(seen, sent):
+        keep = len(data) // G
+        cell = min(backend.mini_batch_size, keep) * G // backend.dp_size
+        mask = data.batch["attention_mask"]
+        got = [(data.non_tensor_batch["uid"][i], tuple(data.batch["input_ids"][i][mask[i].bool()].tolist()))
+               for i in range(len(data))]
+        group_order = [(str(g), tuple(p["input_ids"]) + tuple(r.tokens))
+                       for g, p, r, *_ in batch.select(list(range(keep))).sequences()]
+        for start in range(0, len(got), cell):
+            block = got[start:start + cell]
+            assert sorted(block) == sorted(group_order[start:start + cell])
+            assert [len(s) for _, s in block] == sorted(len(s) for _, s in block)
+        reordered += got != group_order
+    assert reordered, "every batch reached the actor in group order"
 
 
 def test_profiled_steps_run_their_actor_passes_under_verls_profiler(model_dir):

@@ -9,7 +9,7 @@ embedded backend (sync / encode / generate / decode / update / state_dict). What
             (response token ids, behaviour log-probs from `rollout_log_probs`).
   update    UpdateBatch -> a DataProto with input_ids / attention_mask / position_ids / responses / response_mask /
             old_log_probs (= the STORED behaviour log-probs, right-padded) / advantages (token level) [/ ref_log_prob,
-            rollout_is_weights] -> `actor.update_actor`.
+            rollout_is_weights] -> `actor.update_actor`; rows by length within each rank's mini-batch.
   sync      `checkpoint_manager.update_weights()`: alpha <- pi_theta, only when the Trainer asks (t % v == 0).
   metrics   verl's actor metric names -> the record's (VERL_METRICS), verl's own names kept beside them.
   profile   verl's `global_profiler` (tool, steps, save_path) with the actor's `profiler.enable`: the actor's passes
@@ -150,6 +150,12 @@ def mrope_position_ids(processor):
     def position_ids(input_ids, attention_mask, mm: dict):
         return AgentLoopWorker._compute_position_ids(worker, input_ids, attention_mask, dict(mm))
     return position_ids
+
+
+def length_order(lengths: list[int], cell: int) -> list[int]:
+    """Row indices, each consecutive block of `cell` rows sorted by length (stable); blocks keep their rows."""
+    return [i for start in range(0, len(lengths), cell)
+            for i in sorted(range(start, min(start + cell, len(lengths))), key=lengths.__getitem__)]
 
 
 def trainable_groups(n_groups: int, group_size: int, mini_batch_size: int, dp_size: int, micro_per_gpu: int = 1) -> int:
@@ -327,12 +333,19 @@ class VerlBackend:
 
     # --- update ----------------------------------------------------------------------------------------------
 
-    def batch_to_dataproto(self, batch: UpdateBatch):
-        """The update batch: [left pad][prompt][response][right pad], old_log_probs = stored behaviour log-probs."""
+    def batch_to_dataproto(self, batch: UpdateBatch, cell: int | None = None):
+        """The update batch: [left pad][prompt][response][right pad], old_log_probs = stored behaviour log-probs.
+        `cell`: the rows one rank trains in one optimizer step (verl hands each rank a contiguous share and cuts it
+        into mini-batches, then micro-batches, in order); within each cell the rows go by length, so that a
+        micro-batch holds neighbours in length and is padded little, while each optimizer step trains the same
+        sequences as in group order (the embedded backend orders its micro-batches the same way)."""
         from verl import DataProto
         from verl.utils.model import compute_position_id_with_mask
 
         rows = batch.sequences()
+        if cell:
+            lengths = [len(p["input_ids"]) + len(r.tokens) for _, p, r, _, _ in rows]
+            rows = [rows[i] for i in length_order(lengths, cell)]
         tokens = [r.tokens for _, _, r, _, _ in rows]
         packed = pack([p["input_ids"] for _, p, *_ in rows], tokens, self.pad_id, min_response=1)
         input_ids, attention_mask, response_mask = packed.input_ids, packed.attention_mask, packed.response_mask
@@ -370,7 +383,8 @@ class VerlBackend:
         if keep == 0:
             return UpdateResult(changed=False, metrics=metrics)
         t0 = time.perf_counter()
-        data = self.batch_to_dataproto(batch.select(list(range(keep))))
+        cell = min(self.mini_batch_size, keep) * self.sampling.group_size // self.dp_size
+        data = self.batch_to_dataproto(batch.select(list(range(keep))), cell)
         t1 = time.perf_counter()
         self._sleep_engine()  # before any of the actor's passes
         profiling = batch.step in self.profile_steps
