@@ -382,14 +382,14 @@ class VerlBackend:
         metrics = {"trimmed_groups": len(batch) - keep}
         if keep == 0:
             return UpdateResult(changed=False, metrics=metrics)
+        profiling = batch.step in self.profile_steps
+        if profiling:  # outside the parts of t_train timed below
+            self.actor.start_profile(batch.step)
         t0 = time.perf_counter()
         cell = min(self.mini_batch_size, keep) * self.sampling.group_size // self.dp_size
         data = self.batch_to_dataproto(batch.select(list(range(keep))), cell)
         t1 = time.perf_counter()
         self._sleep_engine()  # before any of the actor's passes
-        profiling = batch.step in self.profile_steps
-        if profiling:
-            self.actor.start_profile(batch.step)
         t2 = time.perf_counter()
         behaviour = data.batch["old_log_probs"]
         old, is_w = old_logprobs(behaviour, self.optim.tis_threshold,
