@@ -22,6 +22,7 @@ from collections import defaultdict
 from pathlib import Path
 
 GPU_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATEGORIES = ("cuda_runtime", "cuda_driver")  # cudaLaunchKernel, cudaMemcpyAsync; Triton's cuLaunchKernel
 # a kernel's family by the first of these its lower-cased name contains (order matters: a fused Triton softmax is
 # "triton", a NCCL copy kernel is "nccl")
 FAMILIES = (
@@ -90,7 +91,7 @@ def idle(events: list[dict], gpu: list[dict], top: int = 15) -> dict:
     """Where the GPU's idle time between its first and last event went (see the module's docstring)."""
     spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e) for e in gpu)
     launches = {(e.get("args") or {}).get("correlation"): e for e in events
-                if e.get("ph") == "X" and e.get("cat") == "cuda_runtime"}
+                if e.get("ph") == "X" and e.get("cat") in LAUNCH_CATEGORIES}
     by_thread = defaultdict(lambda: ([], []))
     for e in events:
         if e.get("ph") == "X" and "dur" in e and e.get("cat") in ("cpu_op", "user_annotation"):
@@ -98,14 +99,17 @@ def idle(events: list[dict], gpu: list[dict], top: int = 15) -> dict:
             (ops if e["cat"] == "cpu_op" else ranges).append((float(e["ts"]), float(e["ts"]) + float(e["dur"]),
                                                               e["name"]))
     lookups = {k: (_enclosing(ops), _innermost(ranges)) for k, (ops, ranges) in by_thread.items()}
-    host_late = queued = 0.0
+    host_late = queued = unmatched = 0.0
     charged, largest = defaultdict(lambda: [0.0, 0]), []
     end, previous = spans[0][1], spans[0][2]
     for a, b, e in spans[1:]:
         if a > end:
             gap = (a - end) / 1e6
             launch = launches.get((e.get("args") or {}).get("correlation"))
-            if launch is None or float(launch["ts"]) + float(launch.get("dur", 0)) <= end:
+            if launch is None:
+                unmatched += gap
+                where = ("(launch not in the trace)", None)
+            elif float(launch["ts"]) + float(launch.get("dur", 0)) <= end:
                 queued += gap
                 where = ("(queued)", None)
             else:
@@ -120,7 +124,7 @@ def idle(events: list[dict], gpu: list[dict], top: int = 15) -> dict:
         if b > end:
             end, previous = b, e
     largest.sort(key=lambda x: -x[0])
-    return {"host_late_s": host_late, "queued_s": queued,
+    return {"host_late_s": host_late, "queued_s": queued, "unmatched_s": unmatched,
             "by_range": [{"range": r, "op": op, "s": s, "gaps": n}
                          for (r, op), (s, n) in sorted(charged.items(), key=lambda kv: -kv[1][0])[:top]],
             "largest": [{"s": s, "range": r, "op": op, "after": before[:120], "before": after[:120]}
@@ -188,7 +192,7 @@ def markdown(s: dict, title: str) -> str:
         lines += [f"| {k} | {v['s']:.3f} | {v['calls']:,} |" for k, v in s["annotations"].items()]
     gaps = s["idle"]
     lines += ["", (f"GPU idle within the window: host late {gaps['host_late_s']:.3f} s, "
-              f"queued {gaps['queued_s']:.3f} s"),
+              f"queued {gaps['queued_s']:.3f} s, launch not in the trace {gaps['unmatched_s']:.3f} s"),
               "", "| idle, launched in (range / top-level operator) | s | gaps |", "| --- | --- | --- |"]
     lines += [f"| {g['range']} / {g['op']} | {g['s']:.4f} | {g['gaps']:,} |" for g in gaps["by_range"]]
     return "\n".join(lines) + "\n"
