@@ -79,6 +79,9 @@ def compose(cfg: Config):
     OmegaConf.set_struct(vcfg, False)
     for key, (_, value) in derived.items():
         OmegaConf.update(vcfg, key, value, merge=False)
+    # resolved as verl's TaskRunner.run resolves it: a worker turns its part into a dataclass, where an
+    # interpolation such as the actor profiler's ${oc.select:global_profiler.save_path} would fall to its default
+    OmegaConf.resolve(vcfg)
     return vcfg
 
 

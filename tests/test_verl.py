@@ -742,6 +742,24 @@ def test_profiled_steps_follow_verls_global_profiler():
     assert vcfg.actor_rollout_ref.actor.profiler.tool == "torch"  # the actor's profiler follows the global tool
 
 
+def test_a_worker_reads_the_global_profilers_tool_and_save_path_from_the_composed_config(tmp_path):
+    """verl's actor worker turns its part of the config into a ProfilerConfig dataclass, where an interpolation to
+    the root (${oc.select:global_profiler.save_path}) falls to null unless the config is resolved first, as verl's
+    TaskRunner.run does. Could fail if compose() left them unresolved: no trace would be written, without an error."""
+    import ray.cloudpickle
+    from verl.utils.config import omega_conf_to_dataclass
+    from verl.utils.profiler.config import ProfilerConfig
+
+    from bapo_vl.backends.verl_main import load_configs
+
+    _, vcfg = load_configs(str(ROOT / "bapo_vl" / "presets" / "verl_countdown.yaml"), [
+        "verl.global_profiler.tool=torch", "verl.global_profiler.steps=[2]",
+        f"verl.global_profiler.save_path={tmp_path}", "verl.actor_rollout_ref.actor.profiler.enable=True"])
+    sent = ray.cloudpickle.loads(ray.cloudpickle.dumps(vcfg.actor_rollout_ref))  # as the worker group sends it
+    profiler = omega_conf_to_dataclass(sent.actor.get("profiler", {}), dataclass_type=ProfilerConfig)
+    assert (profiler.tool, profiler.save_path, profiler.enable) == ("torch", str(tmp_path), True)
+
+
 def test_derived_settings_write_entropy_log_probs_clip_and_lr_into_verls_config():
     """What verl's actor is told to compute and optimise comes from our Config: behaviour log-probs from the rollout,
     the entropy of pi_theta (the record's entropy column, even with entropy_coef == 0), our clip range and lr."""
@@ -996,7 +1014,7 @@ def test_bapo_train_backend_verl_composes_what_verl_main_composes(task):
     for key, (_, value) in derived_settings(front).items():
         OmegaConf.update(expected, key, value, merge=False)
     got = OmegaConf.to_container(compose_verl(front))
-    assert got == OmegaConf.to_container(old_vcfg) == OmegaConf.to_container(expected)
+    assert got == OmegaConf.to_container(old_vcfg) == OmegaConf.to_container(expected, resolve=True)
     assert got["trainer"]["nnodes"] == 2 and got["actor_rollout_ref"]["actor"]["optim"]["lr"] == 3e-6
 
 
