@@ -539,3 +539,38 @@ def test_the_largest_ratio_of_each_source_is_the_one_its_rows_had(tmp_path):
     assert metrics["ratio_max"] == pytest.approx(math.exp(3.0), rel=1e-4)
     unnamed = dataclasses.replace(batch, sources=None)  # a batch that does not say its sources: no metrics by source
     assert not any(k.startswith("ratio_max_") for k in backend.update(unnamed).metrics)
+
+
+def test_pack_and_right_pad_lay_rows_out_as_one_row_at_a_time_would():
+    """The update's host-side layout, built from all rows at once (one numpy read), against the plain per-row
+    assignment: ragged and empty responses, tuples, lists and tensors, a min_response wider than every row, float and
+    integer values. Could fail if a value landed in another row or column, or padding were overwritten."""
+    from bapo_vl.backends.base import pack, right_pad
+
+    def one_at_a_time(prompts, responses, pad_id, min_response):
+        P, R = max(len(p) for p in prompts), max([min_response, *(len(r) for r in responses)])
+        ids, mask = torch.full((len(prompts), P + R), pad_id), torch.zeros(len(prompts), P + R, dtype=torch.long)
+        for i, (p, r) in enumerate(zip(prompts, responses)):
+            ids[i, P - len(p):P], mask[i, P - len(p):P] = torch.as_tensor(p), 1
+            for j, t in enumerate(r):
+                ids[i, P + j], mask[i, P + j] = t, 1
+        return ids, mask, P, R
+
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, 50, (n,), generator=gen) for n in (4, 1, 7, 2)]
+    responses = [tuple(range(10, 15)), [], [7, 8], torch.tensor([9, 9, 9])]
+    for min_response in (0, 9):
+        packed = pack(prompts, responses, pad_id=1, min_response=min_response)
+        ids, mask, P, R = one_at_a_time(prompts, responses, 1, min_response)
+        assert (packed.P, packed.R) == (P, R)
+        assert torch.equal(packed.input_ids, ids) and torch.equal(packed.attention_mask, mask)
+        assert torch.equal(packed.response_mask, mask[:, P:])
+    values = [(-0.5, -1.25, -2.0), (), [-3.5], torch.tensor([-0.125, -4.0])]
+    for dtype, fill in ((torch.float32, 0.0), (torch.float64, -1.0), (torch.long, 7)):
+        expected = torch.full((4, 5), fill, dtype=dtype)
+        for i, row in enumerate(values):
+            for j, v in enumerate(row):
+                expected[i, j] = float(v) if dtype.is_floating_point else int(v)
+        assert torch.equal(right_pad(values, 5, fill, dtype), expected)
+    with pytest.raises(ValueError, match="a row of 3 values is wider than 2 columns"):  # refused, not cut
+        right_pad([(1.0, 2.0, 3.0)], 2)

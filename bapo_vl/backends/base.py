@@ -9,6 +9,7 @@ Sequence layout shared by both: [left pad][prompt][response][right pad], every r
 """
 from __future__ import annotations
 
+import itertools
 import pickle
 import re
 import warnings
@@ -18,6 +19,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Literal, Mapping, Protocol, runtime_checkable
 
+import numpy as np
 import torch
 
 from bapo_vl.losses import truncated_is_weights
@@ -219,21 +221,35 @@ def pack(prompt_ids: list, responses: list | None, pad_id: int, min_response: in
     R = max([min_response, *(len(r) for r in responses)]) if responses is not None else 0
     ids = torch.full((N, P + R), pad_id, dtype=torch.long)
     mask = torch.zeros(N, P + R, dtype=torch.long)
-    for i, p in enumerate(prompt_ids):
+    for i, p in enumerate(prompt_ids):  # prompts arrive as tensors: no conversion
         ids[i, P - len(p):P], mask[i, P - len(p):P] = torch.as_tensor(p, dtype=torch.long), 1
-        if responses is not None and len(responses[i]):
-            r = responses[i]
-            ids[i, P:P + len(r)], mask[i, P:P + len(r)] = torch.as_tensor(r, dtype=torch.long), 1
+    if responses is not None:
+        kept = filled([len(r) for r in responses], R)
+        ids[:, P:].masked_scatter_(kept, flat(responses, torch.long))
+        mask[:, P:] = kept
     return Packed(ids, mask, mask[:, P:], P, R)
 
 
 def right_pad(rows: list, width: int, value: float = 0.0, dtype=torch.float32) -> torch.Tensor:
     """(N, width) tensor of per-token values, each row right-padded with `value`."""
+    lengths = [len(r) for r in rows]
+    if max(lengths, default=0) > width:
+        raise ValueError(f"right_pad: a row of {max(lengths)} values is wider than {width} columns")
     out = torch.full((len(rows), width), value, dtype=dtype)
-    for i, r in enumerate(rows):
-        if len(r):
-            out[i, :len(r)] = torch.as_tensor(r, dtype=dtype)
-    return out
+    return out.masked_scatter_(filled(lengths, width), flat(rows, dtype))
+
+
+def filled(lengths: list[int], width: int) -> torch.Tensor:
+    """(N, width) bool: True on the first lengths[i] columns of row i."""
+    return torch.arange(width) < torch.tensor(lengths, dtype=torch.long)[:, None]
+
+
+def flat(rows: list, dtype) -> torch.Tensor:
+    """The rows' values end to end, as one tensor: numpy reads them in one pass, where a tensor per row would cost
+    a call into torch for each row (the update builds its inputs on the host before its first kernel can run)."""
+    read = np.float64 if dtype == torch.float64 else np.float32 if dtype.is_floating_point else np.int64
+    values = np.fromiter(itertools.chain.from_iterable(rows), dtype=read, count=sum(len(r) for r in rows))
+    return torch.from_numpy(values).to(dtype)
 
 
 def old_logprobs(behaviour: torch.Tensor, tis_threshold: float | None,

@@ -30,7 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
 
 from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatch, UpdateResult, load_checkpoint_file,
-                                   old_logprobs, pack, right_pad)
+                                   filled, old_logprobs, pack, right_pad)
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.mixed_precision import ComputeCopy, autocast_copy
 from bapo_vl.backends.engines import make_engine, resolve_device
@@ -435,7 +435,7 @@ class EmbeddedBackend:
         prompts = [p for _, p, *_ in rows]
         responses = [list(r.tokens) for _, _, r, *_ in rows]
         R = max(len(r) for r in responses)
-        mask = right_pad([[1.0] * len(r) for r in responses], R)
+        mask = filled([len(r) for r in responses], R).float()
         behaviour = self._to_device(right_pad([r.logprobs for _, _, r, *_ in rows], R))
         ref = self._scores(self.ref, prompts, responses) if self.ref is not None else None
         # [code]'s truncated IS: ratio against the proximal policy (pi_theta before this update)
