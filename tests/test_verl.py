@@ -1338,3 +1338,58 @@ def test_resume_takes_the_runs_recorded_config_not_the_presets(tmp_path):
     resumed = resume_config(run, ["steps=3", "verl.trainer.nnodes=2"])
     assert (resumed.run.backend, resumed.verl.overrides, resumed.run.task) == \
         ("verl", {"trainer.nnodes": "2"}, "countdown")
+
+
+def test_the_actor_workers_vision_tower_attends_by_segments_under_fsdp2(tmp_path):
+    """verl's actor is a transformers model sharded by FSDP2; without flash-attn its vision tower would loop over
+    images and windows. ActorWorker.init_model, dispatched as verl dispatches its own (ONE_TO_ALL), selects segment
+    attention on the built model: on a real FSDP2-sharded tiny Qwen2.5-VL (gloo, one rank, CPU) the tower takes it,
+    the language model keeps sdpa, and the logits and gradients are those of the unsharded sdpa model.
+    Could fail if the sharded model refused the selection or the results moved."""
+    import torch.distributed as dist
+    from PIL import Image
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from verl.single_controller.base.decorator import MAGIC_ATTR
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+
+    from bapo_vl.backends.verl_workers import ActorWorker
+    from bapo_vl.tiny import build_qwen2_5_vl
+    from bapo_vl.vision_attention import NAME, use_segment_attention
+
+    assert getattr(ActorWorker.init_model, MAGIC_ATTR) == getattr(ActorRolloutRefWorker.init_model, MAGIC_ATTR)
+    model, processor = build_qwen2_5_vl(seed=0, vision=dict(depth=4, fullatt_block_indexes=[1]),
+                                        max_pixels=400 * 400)
+    torch.manual_seed(1)
+    for p in model.parameters():  # away from the init, so every block's attention matters
+        p.data.normal_(0, 0.05)
+    images = [Image.new("RGB", s, c) for s, c in zip([(300, 180), (200, 250)], ["white", "gray"])]
+    for im in images:
+        im.paste((200, 30, 30), (10, 10, 120, 90))
+    inputs = processor(text=["<|vision_start|><|image_pad|><|vision_end|>hi"] * 2, images=images,
+                       return_tensors="pt", padding=True)
+
+    def logits_and_grads(m):
+        m.zero_grad()
+        logits = m(**inputs).logits
+        logits.float().pow(2).mean().backward()
+        return logits.detach(), {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                                 for n, p in m.named_parameters() if p.grad is not None}
+
+    reference = logits_and_grads(model.train())
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
+    try:
+        mesh = init_device_mesh("cpu", (1,))
+        for block in model.model.visual.blocks:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        assert use_segment_attention(model)
+        assert (model.config.vision_config._attn_implementation, model.config.text_config._attn_implementation) \
+            == (NAME, "sdpa")
+        logits, grads = logits_and_grads(model)
+    finally:
+        dist.destroy_process_group()
+    assert torch.allclose(logits, reference[0], atol=1e-5, rtol=1e-4)
+    assert grads.keys() == reference[1].keys()
+    for name, g in grads.items():
+        assert torch.allclose(g, reference[1][name], atol=1e-6, rtol=1e-4), name
