@@ -9,9 +9,10 @@
 # BENCH_DIR (result files, default ./bench-vl3b), STEPS (default 3: step 1 is warm-up), TIMEOUT (seconds per run, default
 # 7200), CARDS (CUDA_VISIBLE_DEVICES of the run, default the first GPUS cards). verl with GPUS > 1 and CARDS naming
 # at least GPUS + 1 cards: the 1-GPU baseline runs on the first card and the row on the next GPUS, at the same time
-# (they share the host), instead of one after the other.
+# (they share the host), instead of one after the other. EMBEDDED_SET: more Config fields for both embedded rows'
+# update, e.g. "mixed_precision=compute_copy micro_batch_size=2 compile=true" (a 141 GB card: docs/results.md).
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '2,12p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,13p' "$0"; exit 2; }
 row=$1 model=$(realpath "$2") g3k=$(realpath "$3") gpus=${4:-1}
 bench=$(realpath "$(dirname "$0")/../scripts/gpu/bench_backends.py")
 results=$(realpath -m "${BENCH_DIR:-bench-vl3b}")
@@ -25,8 +26,8 @@ train() {  # train NAME ARGS...: one run, its result in $results/NAME.json, its 
 }
 case $row in
   embedded)  # the vLLM row first: it is the row of interest, and its transformers baseline takes much longer
-    train embedded-vllm --backend embedded --set rollout_engine=vllm
-    train embedded-transformers --backend embedded --set rollout_engine=transformers
+    train embedded-vllm --backend embedded --set rollout_engine=vllm ${EMBEDDED_SET:-}
+    train embedded-transformers --backend embedded --set rollout_engine=transformers ${EMBEDDED_SET:-}
     python "$bench" summary "$results/embedded-vllm.json" --baseline "$results/embedded-transformers.json" ;;
   verl)
     IFS=, read -ra cards <<< "${CARDS:-}"
