@@ -341,10 +341,14 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
                   wall_s=time.time() - t0, **mode, steps=steps, overrides=extra, weights="random", model=str(model_dir),
                   peak_gpu_memory_gb=max(memory.peak_gb.values()) if memory.peak_gb else None,
                   peak_gpu_memory_gb_by_card=memory.peak_gb, **summary)
+    _write(out, result)  # the row stands before its trace is read: a large trace takes minutes
     if traces is not None:  # what the GPU did in the profiled window, from the trace rank 0 wrote
         files = sorted(traces.rglob("*.json.gz"))
-        result["profile"] = trace_summary.summarize_files(files) if files else f"no trace under {traces}"
-    _write(out, result)
+        try:
+            result["profile"] = trace_summary.summarize_files(files) if files else f"no trace under {traces}"
+        except Exception as e:  # noqa: BLE001 - the row's figures stand without it
+            result["profile"] = f"the trace under {traces} could not be read: {type(e).__name__}: {str(e)[:300]}"
+        _write(out, result)
 
 
 def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict:
