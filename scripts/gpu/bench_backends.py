@@ -296,7 +296,7 @@ def check(backend: str, gpus: int, cmd: list[str]) -> dict:
 
 def profile_settings(step: int, save_path: Path) -> list[str]:
     """verl's torch profiler over the actor's passes of one step: CUDA activity (and the host's, always), the
-    update's first mini-batch only (a schedule of one active mini-batch keeps the trace to a few hundred MB)."""
+    update's first mini-batch only (a schedule of one active mini-batch: a whole step's trace would be far larger)."""
     t = "verl.actor_rollout_ref.actor.profiler"
     return ["verl.global_profiler.tool=torch", f"verl.global_profiler.steps=[{step}]",
             f"verl.global_profiler.save_path={save_path}", f"{t}.enable=True", f"{t}.tool_config.torch.contents=[cuda]",
