@@ -4,7 +4,9 @@ A Qwen2-VL / Qwen2.5-VL vision tower packs every image of a batch into one seque
 each 112 px window of one) starts with `cu_seqlens`. Without flash-attn, transformers attends to the segments one
 at a time: one SDPA call per image and layer, one per window in the windowed layers, so a batch of 128 images costs
 thousands of small kernels a step. `segment_sdpa` groups the segments by length and runs one SDPA call per length:
-a single call when all images have one size (and, for windows, when the grid divides into whole windows).
+a single call when all images have one size (and, for windows, when the grid divides into whole windows). Grouping
+is one gather of q, k and v and one of the output, however many lengths there are: a gather per length and tensor
+would add its own scatter to the backward (on CUDA a sort-based index_put each).
 Same result as the per-segment loop (tests/test_vision_attention.py compares outputs and gradients).
 The grouping is read from the device once per `cu_seqlens` tensor: a tower hands the same one (or its windows' one)
 to each of its blocks, so a forward waits on the GPU twice rather than once or more in each of its blocks.
@@ -15,7 +17,9 @@ The name holds "flash" because transformers hands `cu_seqlens` only to implement
 """
 from __future__ import annotations
 
+import itertools
 import weakref
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
@@ -33,45 +37,57 @@ def segment_sdpa(module, query, key, value, attention_mask=None, scaling=None, d
     if cu_seq_lens_q is None or attention_mask is not None or is_causal:
         raise ValueError(f"{NAME} is for vision towers: bidirectional attention within cu_seqlens segments")
     q, k, v = query[0], key[0], value[0]
-    heads, total, dim = q.shape
-    groups = segment_groups(cu_seq_lens_q)
-    if groups[0][1] is None:  # equal segments, contiguous: a reshape, no gather
-        size = groups[0][0]
-        split = lambda t: t.reshape(heads, -1, size, dim).transpose(0, 1)  # noqa: E731
-        out = F.scaled_dot_product_attention(split(q), split(k), split(v), dropout_p=dropout, scale=scaling)
-        return out.transpose(1, 2).reshape(1, total, heads, dim), None
-    out = q.new_empty(total, heads, dim)
-    for size, pos in groups:
-        gather = lambda t: t[:, pos].reshape(heads, -1, size, dim).transpose(0, 1)  # noqa: E731
-        o = F.scaled_dot_product_attention(gather(q), gather(k), gather(v), dropout_p=dropout, scale=scaling)
-        out[pos] = o.transpose(1, 2).reshape(-1, heads, dim)
+    heads, _, dim = q.shape
+    segments = segment_groups(cu_seq_lens_q)
+    if segments.order is not None:  # one gather each, whatever the number of lengths (its backward: one index_add)
+        q, k, v = (t.index_select(1, segments.order) for t in (q, k, v))
+    outs, start = [], 0
+    for size, count in segments.sizes:  # the tokens of one length's segments are contiguous now
+        end = start + size * count
+        qs, ks, vs = [t[:, start:end].reshape(heads, count, size, dim).transpose(0, 1) for t in (q, k, v)]
+        o = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout, scale=scaling)
+        outs.append(o.transpose(1, 2).reshape(size * count, heads, dim))
+        start = end
+    out = outs[0] if len(outs) == 1 else torch.cat(outs)
+    if segments.order is not None:
+        out = out.index_select(0, segments.back)
     return out[None], None
 
 
-_groups: list[tuple[weakref.ref, int, list]] = []  # (cu_seqlens, its version, its groups): the last few
+class Segments(NamedTuple):
+    """A cu_seqlens' segments grouped by length: `sizes` [(length, how many segments)], and where the groups'
+    tokens are: `order` (token positions, group after group) and `back` (each token's place in that order), both on
+    the device; None when the segments are already grouped (one length)."""
+    sizes: list[tuple[int, int]]
+    order: torch.Tensor | None
+    back: torch.Tensor | None
 
 
-def segment_groups(cu_seqlens: torch.Tensor) -> list[tuple[int, torch.Tensor | None]]:
-    """The segments of `cu_seqlens` grouped by length: [(length, positions of its tokens on the device, segment by
-    segment)], or [(length, None)] when all have one length. Read from the device once per tensor (and again if it
-    is changed in place): the tower's blocks share the tensor, so they share the one wait."""
+_groups: list[tuple[weakref.ref, int, Segments]] = []  # (cu_seqlens, its version, its segments): the last few
+
+
+def segment_groups(cu_seqlens: torch.Tensor) -> Segments:
+    """The segments of `cu_seqlens` grouped by length. Read from the device once per tensor (and again if it is
+    changed in place): the tower's blocks share the tensor, so they share the one wait."""
     version = -1 if cu_seqlens.is_inference() else cu_seqlens._version  # inference tensors keep no version
-    for ref, seen, groups in _groups:
+    for ref, seen, segments in _groups:
         if ref() is cu_seqlens and seen == version:
-            return groups
-    lengths = (cu_seqlens[1:] - cu_seqlens[:-1]).tolist()
+            return segments
+    bounds = cu_seqlens.tolist()
+    lengths = [b - a for a, b in itertools.pairwise(bounds)]
     sizes = sorted(set(lengths))
     if len(sizes) == 1:
-        groups = [(sizes[0], None)]
+        segments = Segments([(sizes[0], len(lengths))], None, None)
     else:
-        starts, groups = cu_seqlens[:-1], []
-        for size in sizes:
-            which = torch.tensor([i for i, n in enumerate(lengths) if n == size])
-            # from pinned memory the copy does not wait for the GPU's queue; from pageable memory it would
-            which = which.pin_memory().to(cu_seqlens.device, non_blocking=True) if cu_seqlens.is_cuda else which
-            groups.append((size, (starts[which][:, None] + torch.arange(size, device=cu_seqlens.device)).reshape(-1)))
-    _groups[:] = [g for g in _groups if g[0]() is not None][-3:] + [(weakref.ref(cu_seqlens), version, groups)]
-    return groups
+        by_length = sorted(range(len(lengths)), key=lengths.__getitem__)  # stable: in order within a length
+        positions = torch.cat([torch.arange(bounds[i], bounds[i + 1]) for i in by_length])
+        back = torch.empty_like(positions)
+        back[positions] = torch.arange(len(positions))
+        if cu_seqlens.is_cuda:  # copies from pinned memory do not wait for the GPU's queue; from pageable they would
+            positions, back = (t.pin_memory().to(cu_seqlens.device, non_blocking=True) for t in (positions, back))
+        segments = Segments([(size, lengths.count(size)) for size in sizes], positions, back)
+    _groups[:] = [g for g in _groups if g[0]() is not None][-3:] + [(weakref.ref(cu_seqlens), version, segments)]
+    return segments
 
 
 def use_segment_attention(model) -> bool:

@@ -83,12 +83,13 @@ def test_segments_are_read_from_the_device_once_per_cu_seqlens_tensor():
     cu = torch.tensor([0, 4, 10, 14, 20])
     groups = segment_groups(cu)
     assert segment_groups(cu) is groups
-    assert [size for size, _ in groups] == [4, 6]
-    assert groups[0][1].tolist() == [0, 1, 2, 3, 10, 11, 12, 13]
+    assert groups.sizes == [(4, 2), (6, 2)]
+    assert groups.order.tolist() == [0, 1, 2, 3, 10, 11, 12, 13, 4, 5, 6, 7, 8, 9, 14, 15, 16, 17, 18, 19]
+    assert groups.order[groups.back].tolist() == list(range(20))
     cu[1:] = torch.tensor([5, 10, 15, 20])  # in place: now four segments of 5
-    assert segment_groups(cu) == [(5, None)]
+    assert segment_groups(cu) == ([(5, 4)], None, None)
     other = torch.tensor([0, 4, 10, 14, 20])
-    assert segment_groups(other) is not groups and [s for s, _ in segment_groups(other)] == [4, 6]
+    assert segment_groups(other) is not groups and segment_groups(other).sizes == [(4, 2), (6, 2)]
     torch.manual_seed(0)
     q, k, v = (torch.randn(1, 2, 20, 8) for _ in range(3))
     for bounds in ([0, 4, 10, 14, 20], [0, 5, 10, 15, 20]):
@@ -97,6 +98,24 @@ def test_segments_are_read_from_the_device_once_per_cu_seqlens_tensor():
         for a, b in zip(bounds, bounds[1:]):  # each segment attends within itself only
             ref = torch.nn.functional.scaled_dot_product_attention(q[..., a:b, :], k[..., a:b, :], v[..., a:b, :])
             assert torch.allclose(out[0, a:b], ref[0].transpose(0, 1), atol=1e-6)
+
+
+def test_the_backward_gathers_as_often_whatever_the_number_of_lengths():
+    # Could fail if each length's segments were gathered on their own (three gathers and a scatter per length and
+    # block): each adds its own scatter to the backward, on CUDA a sort-based index_put and its small kernels.
+    def nodes(bounds):
+        q, k, v = (torch.randn(1, 2, bounds[-1], 8, requires_grad=True) for _ in range(3))
+        out, _ = segment_sdpa(None, q, k, v, cu_seq_lens_q=torch.tensor(bounds))
+        seen, todo = [], [out.grad_fn]
+        while todo:
+            fn = todo.pop()
+            if fn is not None and fn not in seen:
+                seen.append(fn)
+                todo += [f for f, _ in fn.next_functions]
+        return sorted(type(fn).__name__ for fn in seen if "Index" in type(fn).__name__)
+
+    two, five = nodes([0, 4, 10, 14, 20]), nodes([0, 2, 5, 9, 14, 20, 22])
+    assert two == five == ["IndexSelectBackward0"] * 4  # q, k, v in, the output back
 
 
 def test_a_forward_waits_for_the_device_as_often_whatever_the_towers_depth(monkeypatch):
