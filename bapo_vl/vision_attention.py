@@ -5,8 +5,8 @@ each 112 px window of one) starts with `cu_seqlens`. Without flash-attn, transfo
 at a time: one SDPA call per image and layer, one per window in the windowed layers, so a batch of 128 images costs
 thousands of small kernels a step. `segment_sdpa` groups the segments by length and runs one SDPA call per length:
 a single call when all images have one size (and, for windows, when the grid divides into whole windows). Grouping
-is one gather of q, k and v and one of the output, however many lengths there are: a gather per length and tensor
-would add its own scatter to the backward (on CUDA a sort-based index_put each).
+is one gather and one split of q, k and v and one gather of the output, however many lengths there are: a gather
+or a slice per length and tensor would each add a full-size scatter or zero-fill to the backward.
 Same result as the per-segment loop (tests/test_vision_attention.py compares outputs and gradients).
 The grouping is read from the device once per `cu_seqlens` tensor: a tower hands the same one (or its windows' one)
 to each of its blocks, so a forward waits on the GPU twice rather than once or more in each of its blocks.
@@ -41,13 +41,13 @@ def segment_sdpa(module, query, key, value, attention_mask=None, scaling=None, d
     segments = segment_groups(cu_seq_lens_q)
     if segments.order is not None:  # one gather each, whatever the number of lengths (its backward: one index_add)
         q, k, v = (t.index_select(1, segments.order) for t in (q, k, v))
-    outs, start = [], 0
-    for size, count in segments.sizes:  # the tokens of one length's segments are contiguous now
-        end = start + size * count
-        qs, ks, vs = [t[:, start:end].reshape(heads, count, size, dim).transpose(0, 1) for t in (q, k, v)]
+    tokens = [size * count for size, count in segments.sizes]  # one length's segments are contiguous now
+    parts = [t.split(tokens, 1) if len(tokens) > 1 else (t,) for t in (q, k, v)]
+    outs = []
+    for (size, count), *qkv in zip(segments.sizes, *parts):
+        qs, ks, vs = [t.reshape(heads, count, size, dim).transpose(0, 1) for t in qkv]
         o = F.scaled_dot_product_attention(qs, ks, vs, dropout_p=dropout, scale=scaling)
         outs.append(o.transpose(1, 2).reshape(size * count, heads, dim))
-        start = end
     out = outs[0] if len(outs) == 1 else torch.cat(outs)
     if segments.order is not None:
         out = out.index_select(0, segments.back)
