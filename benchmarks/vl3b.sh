@@ -11,8 +11,9 @@
 # at least GPUS + 1 cards: the 1-GPU baseline runs on the first card and the row on the next GPUS, at the same time
 # (they share the host), instead of one after the other. EMBEDDED_SET: more Config fields for both embedded rows'
 # update, e.g. "mixed_precision=compute_copy micro_batch_size=2 compile=true" (a 141 GB card: docs/results.md).
+# VERL_SET: more settings for both verl rows, e.g. "verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8".
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '2,13p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,14p' "$0"; exit 2; }
 row=$1 model=$(realpath "$2") g3k=$(realpath "$3") gpus=${4:-1}
 bench=$(realpath "$(dirname "$0")/../scripts/gpu/bench_backends.py")
 results=$(realpath -m "${BENCH_DIR:-bench-vl3b}")
@@ -33,12 +34,12 @@ case $row in
     IFS=, read -ra cards <<< "${CARDS:-}"
     if [ "$gpus" -gt 1 ] && [ "${#cards[@]}" -gt "$gpus" ]; then
       rest=$(IFS=,; echo "${cards[*]:1:$gpus}")
-      train verl1 --backend verl --gpus 1 --cuda "${cards[0]}" & baseline=$!
-      train "verl$gpus" --backend verl --gpus "$gpus" --cuda "$rest" & row=$!
+      train verl1 --backend verl --gpus 1 --cuda "${cards[0]}" ${VERL_SET:+--set $VERL_SET} & baseline=$!
+      train "verl$gpus" --backend verl --gpus "$gpus" --cuda "$rest" ${VERL_SET:+--set $VERL_SET} & row=$!
       failed=0; wait $baseline || failed=1; wait $row || failed=1; [ $failed -eq 0 ]
     else
-      train verl1 --backend verl --gpus 1 ${CARDS:+--cuda "${CARDS%%,*}"}
-      [ "$gpus" -eq 1 ] || train "verl$gpus" --backend verl --gpus "$gpus"
+      train verl1 --backend verl --gpus 1 ${CARDS:+--cuda "${CARDS%%,*}"} ${VERL_SET:+--set $VERL_SET}
+      [ "$gpus" -eq 1 ] || train "verl$gpus" --backend verl --gpus "$gpus" ${VERL_SET:+--set $VERL_SET}
     fi
     if [ "$gpus" -eq 1 ]; then
       python "$bench" summary "$results/verl1.json"

@@ -247,6 +247,18 @@ def test_vl3b_rows_compose_at_easyr1s_per_gpu_setting(vl3b_tiny, tmp_path):
     assert (rollout["tensor_model_parallel_size"], rollout["log_prob_micro_batch_size_per_gpu"]) == (1, 16)
 
 
+def test_verl_rows_take_larger_update_micro_batches_through_set(vl3b_tiny, tmp_path):
+    # benchmarks/vl3b.sh passes VERL_SET to the verl rows as --set. Could fail if a verl override stopped reaching
+    # verl's composed config, or if verl's ActorConfig refused 8 sequences a micro-batch for the vl3b batch split
+    # (64 prompts x 5 in 4 mini-batches: 80 sequences each).
+    out = tmp_path / "verl.json"
+    run(BENCH, "train", "--shape", "vl3b", "--model", vl3b_tiny, "--source", G3K, "--check", "--backend", "verl",
+        "--gpus", "1", "--set", "verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "--out", out,
+        cwd=tmp_path)
+    actor = json.loads(out.read_text())["verl"]["actor_rollout_ref"]["actor"]
+    assert (actor["ppo_mini_batch_size"], actor["ppo_micro_batch_size_per_gpu"]) == (16, 8)
+
+
 def test_profile_step_composes_verls_torch_profiler_for_the_actor(vl3b_tiny, tmp_path):
     # Could fail if verl's own config refused a profiler key (Hydra composes verl's ppo_trainer.yaml and verl's
     # ProfilerConfig dataclass takes the actor's part), the step did not reach the backend's rule, or the embedded
