@@ -1340,16 +1340,20 @@ def test_resume_takes_the_runs_recorded_config_not_the_presets(tmp_path):
         ("verl", {"trainer.nnodes": "2"}, "countdown")
 
 
-def test_the_actor_workers_vision_tower_attends_by_segments_under_fsdp2(tmp_path):
-    """verl's actor is a transformers model sharded by FSDP2; without flash-attn its vision tower would loop over
-    images and windows. ActorWorker.init_model, dispatched as verl dispatches its own (ONE_TO_ALL), selects segment
-    attention on the built model: on a real FSDP2-sharded tiny Qwen2.5-VL (gloo, one rank, CPU) the tower takes it,
-    the language model keeps sdpa, and the logits and gradients are those of the unsharded sdpa model.
+@pytest.mark.parametrize("strategy", ["fsdp2", "fsdp"])
+def test_the_actor_workers_vision_tower_attends_by_segments_under_fsdp(strategy, tmp_path):
+    """verl's actor is a transformers model sharded by FSDP2 (strategy=fsdp2, the presets') or FSDP1 (fsdp, verl's
+    default: flat parameters); without flash-attn its vision tower would loop over images and windows.
+    ActorWorker.init_model, dispatched as verl dispatches its own (ONE_TO_ALL), selects segment attention on the
+    built model: on a real sharded tiny Qwen2.5-VL (gloo, one rank, CPU) the tower takes it, the language model keeps
+    sdpa, and the logits and gradients are those of the unsharded sdpa model (FSDP1's flat parameters: the gradient
+    that reaches the images, through every vision block).
     Could fail if the sharded model refused the selection or the results moved."""
     import torch.distributed as dist
     from PIL import Image
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.fsdp import FullyShardedDataParallel, fully_shard
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
     from verl.single_controller.base.decorator import MAGIC_ATTR
     from verl.workers.engine_workers import ActorRolloutRefWorker
 
@@ -1371,25 +1375,35 @@ def test_the_actor_workers_vision_tower_attends_by_segments_under_fsdp2(tmp_path
 
     def logits_and_grads(m):
         m.zero_grad()
-        logits = m(**inputs).logits
+        pixels = inputs["pixel_values"].clone().requires_grad_(True)
+        logits = m(**(inputs | {"pixel_values": pixels})).logits
         logits.float().pow(2).mean().backward()
-        return logits.detach(), {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
-                                 for n, p in m.named_parameters() if p.grad is not None}
+        grads = {n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+                 for n, p in m.named_parameters() if p.grad is not None}
+        return logits.detach(), grads if strategy == "fsdp2" or m is model else {}, pixels.grad
 
     reference = logits_and_grads(model.train())
     dist.init_process_group("gloo", init_method=f"file://{tmp_path}/pg", rank=0, world_size=1)
     try:
         mesh = init_device_mesh("cpu", (1,))
-        for block in model.model.visual.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        assert use_segment_attention(model)
+        if strategy == "fsdp2":
+            for block in model.model.visual.blocks:
+                fully_shard(block, mesh=mesh)
+            fully_shard(model, mesh=mesh)
+            sharded = model
+        else:  # as verl's engine wraps it with strategy=fsdp (use_orig_params false: flat parameters)
+            blocks = ModuleWrapPolicy({type(model.model.visual.blocks[0])})
+            sharded = FullyShardedDataParallel(model, auto_wrap_policy=blocks, device_id=torch.device("cpu"),
+                                               use_orig_params=False)
+        assert use_segment_attention(sharded)
         assert (model.config.vision_config._attn_implementation, model.config.text_config._attn_implementation) \
             == (NAME, "sdpa")
-        logits, grads = logits_and_grads(model)
+        logits, grads, pixel_grad = logits_and_grads(sharded)
     finally:
         dist.destroy_process_group()
     assert torch.allclose(logits, reference[0], atol=1e-5, rtol=1e-4)
-    assert grads.keys() == reference[1].keys()
-    for name, g in grads.items():
-        assert torch.allclose(g, reference[1][name], atol=1e-6, rtol=1e-4), name
+    assert torch.allclose(pixel_grad, reference[2], atol=1e-7, rtol=1e-4)
+    if strategy == "fsdp2":
+        assert grads.keys() == reference[1].keys()
+        for name, g in grads.items():
+            assert torch.allclose(g, reference[1][name], atol=1e-6, rtol=1e-4), name
