@@ -162,8 +162,8 @@ def bench_backends():
 
 def test_steps_summary_gives_the_medians_of_the_train_times_parts(tmp_path):
     # A verl run's record splits t_train by the actor's calls; the summary takes their medians over the steps after
-    # the first, as it does t_train's. Could fail if a part were dropped, taken from the warm-up step, or invented for
-    # a run that does not record them (the embedded backend).
+    # the first, as it does t_train's, and leaves a profiled step out. Could fail if a part were dropped, taken from
+    # the warm-up or the profiled step, or invented for a run that does not record them (the embedded backend).
     from bapo_vl.record import RunRecord
 
     parts = ("batch", "engine_sleep", "logprobs", "actor")
@@ -178,6 +178,9 @@ def test_steps_summary_gives_the_medians_of_the_train_times_parts(tmp_path):
         got = bench_backends().steps_summary(tmp_path / name / "run.db")
         assert got["train_s"] == 30.0  # steps 2-4
         assert got["train_parts_s"] == ({p: 3.0 * (i + 1) for i, p in enumerate(parts)} if split else None)
+        profiled = bench_backends().steps_summary(tmp_path / name / "run.db", untimed={2})  # --profile-step 2
+        assert profiled["timed_steps"] == [3, 4] and got["timed_steps"] == [2, 3, 4]
+        assert profiled["train_s"] == 35.0
 
 
 def test_vl3b_model_is_qwen2_5_vl_3b(tmp_path):

@@ -46,7 +46,8 @@ run, kl_coef=0 so neither backend keeps a reference model):
 
 A `train` run is `bapo train` (embedded) or `python -m bapo_vl.backends.verl_main` (verl) for --steps steps; figures
 come from its run record (t_generate, t_verify, t_train, t_sync, rollouts, response_length, step wall times); step 1
-(warm-up, CUDA graphs / compilation) is left out of the medians.
+(warm-up, CUDA graphs / compilation) and a `--profile-step` are left out of the medians (`timed_steps` says which
+steps they are: profile step 2 of 5 for three timed steps).
 
 Needs bapo-vl installed (`pip install -e .`) and, for the verl rows, its `[verl]` and `[vllm]` extras
 (`pip install -e ".[verl,vllm]"`). Run it from outside the checkout, so that Ray's workers import the installed
@@ -331,10 +332,11 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
     mode = {} if backend != "verl" else {
         "vllm_mode": "eager" if str(verl["actor_rollout_ref.rollout.enforce_eager"]).lower() == "true" else "cuda graphs"}
     db = run_dir / name / "run.db"
-    summary = steps_summary(db)
+    untimed = {profile_step} if profile_step is not None else set()  # the profiler's cost is not the row's
+    summary = steps_summary(db, untimed)
     if "error" not in summary:
         try:
-            summary |= easyr1_figures(db, model_dir, gpus, card())
+            summary |= easyr1_figures(db, model_dir, gpus, card(), untimed)
         except Exception as e:  # noqa: BLE001 - the timings stand without them
             summary["easyr1_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), **provenance(), rc=rc,
@@ -351,13 +353,13 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
         _write(out, result)
 
 
-def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict:
-    """Throughput and actor MFU as EasyR1 defines them (bapo_vl/perf.py), medians over steps 2..: tokens/s per GPU
-    = the step's prompt + response tokens / (step seconds x GPUs); MFU of the update (t_train; on verl its
-    update_actor call, t_train_actor, which holds FSDP's offload moves but not the batch building or the engine's
-    sleep) over the trained sequences. Prompt lengths are the fresh prompts' as the model's processor encodes them
-    (the record keeps uids, not lengths); responses are taken at the step's mean length, so the attention term, a
-    sum of squares, is a lower bound and the MFU with it."""
+def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str, untimed: set[int] = frozenset()) -> dict:
+    """Throughput and actor MFU as EasyR1 defines them (bapo_vl/perf.py), medians over steps 2.. less `untimed` (a
+    profiled step): tokens/s per GPU = the step's prompt + response tokens / (step seconds x GPUs); MFU of the
+    update (t_train; on verl its update_actor call, t_train_actor, which holds FSDP's offload moves but not the
+    batch building or the engine's sleep) over the trained sequences. Prompt lengths are the fresh prompts' as the
+    model's processor encodes them (the record keeps uids, not lengths); responses are taken at the step's mean
+    length, so the attention term, a sum of squares, is a lower bound and the MFU with it."""
     from bapo_vl.backends.embedded import PromptEncoder
     from bapo_vl.config import Config
     from bapo_vl.perf import actor_mfu, peak_flops
@@ -380,6 +382,8 @@ def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict
     peak = peak_flops(card_name)
     per_gpu, mfu, prompt_tokens = [], [], []
     for (_, t0, _), (step, t1, m) in zip(steps, steps[1:]):
+        if step in untimed:
+            continue
         seqs = []
         for uid, G in fresh.get(step, []):
             if uid not in length:
@@ -397,22 +401,26 @@ def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str) -> dict
                 actor_mfu=statistics.median(mfu) if mfu else None, peak_flops=peak)
 
 
-def steps_summary(db: Path) -> dict:
-    """Medians over steps 2.. of the record's time split and throughput."""
+def steps_summary(db: Path, untimed: set[int] = frozenset()) -> dict:
+    """Medians over steps 2.. (less `untimed`, a profiled step) of the record's time split and throughput; which
+    steps they are: `timed_steps`."""
     if not db.exists():
         return {"error": f"no run record at {db}"}
     from bapo_vl.record import query_ro
 
     rows = [(r["step"], r["time"], json.loads(r["metrics"]))
             for r in query_ro(db.parent, "SELECT step, time, metrics FROM steps ORDER BY step")]
-    if len(rows) < 2:
-        return {"error": f"{len(rows)} steps recorded"}
-    walls = [b[1] - a[1] for a, b in zip(rows, rows[1:])]
-    later = [m for _, _, m in rows[1:]]
+    timed = [i for i in range(1, len(rows)) if rows[i][0] not in untimed]
+    if not timed:
+        untimed_note = f", none timed (untimed: {sorted(untimed)})" if rows[1:] else ""
+        return {"error": f"{len(rows)} steps recorded{untimed_note}"}
+    walls = [rows[i][1] - rows[i - 1][1] for i in timed]
+    later = [rows[i][2] for i in timed]
     med = lambda key: statistics.median(m.get(key) or 0.0 for m in later)
     split = lambda key: med(key) if all(key in m for m in later) else None  # records since generate's split
     tokens = [m["rollouts"] * m["response_length"] for m in later]
-    return dict(steps_recorded=len(rows), step_s=statistics.median(walls), generate_s=med("t_generate"),
+    return dict(steps_recorded=len(rows), timed_steps=[rows[i][0] for i in timed], step_s=statistics.median(walls),
+                generate_s=med("t_generate"),
                 generate_engine_s=split("t_generate_sample"), generate_logprobs_s=split("t_generate_logprobs"),
                 verify_s=med("t_verify"), train_s=med("t_train"), sync_s=med("t_sync"),
                 # verl: where t_train went (its batch, the engine's sleep, log-prob passes, update_actor)
@@ -533,7 +541,8 @@ def main():
     t.add_argument("--keep-weights", action="store_true", help="write a checkpoint and final/ at the run's end "
                    "(save_every=0; default: none, save_every=-1; the run record is always kept)")
     t.add_argument("--profile-step", type=int, help="verl: run the actor's passes of this step under verl's torch "
-                   "profiler (the update's first mini-batch) and put the trace's summary in --out")
+                   "profiler (the update's first mini-batch) and put the trace's summary in --out; the step is "
+                   "left out of the medians")
     t.add_argument("--check", action="store_true", help="compose and check the run's config (verl's too), write "
                    "it to --out and exit: runs nothing, needs no GPU")
     sub.add_parser("report").add_argument("files", type=Path, nargs="+")
