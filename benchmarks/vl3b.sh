@@ -31,15 +31,16 @@ case $row in
     train embedded-transformers --backend embedded --set rollout_engine=transformers ${EMBEDDED_SET:-}
     python "$bench" summary "$results/embedded-vllm.json" --baseline "$results/embedded-transformers.json" ;;
   verl)
+    verl_set=(${VERL_SET:+--set $VERL_SET})  # word-split: one --set, each setting its own argument
     IFS=, read -ra cards <<< "${CARDS:-}"
     if [ "$gpus" -gt 1 ] && [ "${#cards[@]}" -gt "$gpus" ]; then
       rest=$(IFS=,; echo "${cards[*]:1:$gpus}")
-      train verl1 --backend verl --gpus 1 --cuda "${cards[0]}" ${VERL_SET:+--set $VERL_SET} & baseline=$!
-      train "verl$gpus" --backend verl --gpus "$gpus" --cuda "$rest" ${VERL_SET:+--set $VERL_SET} & row=$!
+      train verl1 --backend verl --gpus 1 --cuda "${cards[0]}" "${verl_set[@]}" & baseline=$!
+      train "verl$gpus" --backend verl --gpus "$gpus" --cuda "$rest" "${verl_set[@]}" & row=$!
       failed=0; wait $baseline || failed=1; wait $row || failed=1; [ $failed -eq 0 ]
     else
-      train verl1 --backend verl --gpus 1 ${CARDS:+--cuda "${CARDS%%,*}"} ${VERL_SET:+--set $VERL_SET}
-      [ "$gpus" -eq 1 ] || train "verl$gpus" --backend verl --gpus "$gpus" ${VERL_SET:+--set $VERL_SET}
+      train verl1 --backend verl --gpus 1 ${CARDS:+--cuda "${CARDS%%,*}"} "${verl_set[@]}"
+      [ "$gpus" -eq 1 ] || train "verl$gpus" --backend verl --gpus "$gpus" "${verl_set[@]}"
     fi
     if [ "$gpus" -eq 1 ]; then
       python "$bench" summary "$results/verl1.json"
