@@ -11,9 +11,10 @@
 # at least GPUS + 1 cards: the 1-GPU baseline runs on the first card and the row on the next GPUS, at the same time
 # (they share the host), instead of one after the other. EMBEDDED_SET: more Config fields for both embedded rows'
 # update, e.g. "mixed_precision=compute_copy micro_batch_size=2 compile=true" (a 141 GB card: docs/results.md).
-# VERL_SET: more settings for both verl rows, e.g. "verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8".
+# VERL_SET: more settings for both verl rows, e.g. "verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4
+# verl.actor_rollout_ref.model.use_fused_kernels=false" (EasyR1's micro-batches, full logits).
 set -euo pipefail
-[ $# -ge 3 ] || { sed -n '2,14p' "$0"; exit 2; }
+[ $# -ge 3 ] || { sed -n '2,15p' "$0"; exit 2; }
 row=$1 model=$(realpath "$2") g3k=$(realpath "$3") gpus=${4:-1}
 bench=$(realpath "$(dirname "$0")/../scripts/gpu/bench_backends.py")
 results=$(realpath -m "${BENCH_DIR:-bench-vl3b}")

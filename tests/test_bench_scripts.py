@@ -244,22 +244,23 @@ def test_vl3b_rows_compose_at_easyr1s_per_gpu_setting(vl3b_tiny, tmp_path):
     assert (e["config"]["micro_batch_size"], e["config"]["mixed_precision"]) == (1, "autocast")
     vc, actor, rollout = v["verl"], v["verl"]["actor_rollout_ref"]["actor"], v["verl"]["actor_rollout_ref"]["rollout"]
     assert vc["trainer"]["n_gpus_per_node"] == 2 and vc["data"]["train_batch_size"] == 128
-    assert (actor["ppo_mini_batch_size"], actor["ppo_micro_batch_size_per_gpu"], rollout["n"]) == (32, 4, 5)
+    assert (actor["ppo_mini_batch_size"], actor["ppo_micro_batch_size_per_gpu"], rollout["n"]) == (32, 8, 5)
+    assert vc["actor_rollout_ref"]["model"]["use_fused_kernels"]
     assert actor["fsdp_config"]["param_offload"] and actor["fsdp_config"]["optimizer_offload"]
     assert rollout["free_cache_engine"] and rollout["gpu_memory_utilization"] == 0.6 and not rollout["enforce_eager"]
     assert (rollout["tensor_model_parallel_size"], rollout["log_prob_micro_batch_size_per_gpu"]) == (1, 16)
 
 
-def test_verl_rows_take_larger_update_micro_batches_through_set(vl3b_tiny, tmp_path):
+def test_verl_rows_take_other_update_micro_batches_through_set(vl3b_tiny, tmp_path):
     # benchmarks/vl3b.sh passes VERL_SET to the verl rows as --set. Could fail if a verl override stopped reaching
-    # verl's composed config, or if verl's ActorConfig refused 8 sequences a micro-batch for the vl3b batch split
+    # verl's composed config, or if verl's ActorConfig refused 16 sequences a micro-batch for the vl3b batch split
     # (64 prompts x 5 in 4 mini-batches: 80 sequences each).
     out = tmp_path / "verl.json"
     run(BENCH, "train", "--shape", "vl3b", "--model", vl3b_tiny, "--source", G3K, "--check", "--backend", "verl",
-        "--gpus", "1", "--set", "verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=8", "--out", out,
+        "--gpus", "1", "--set", "verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=16", "--out", out,
         cwd=tmp_path)
     actor = json.loads(out.read_text())["verl"]["actor_rollout_ref"]["actor"]
-    assert (actor["ppo_mini_batch_size"], actor["ppo_micro_batch_size_per_gpu"]) == (16, 8)
+    assert (actor["ppo_mini_batch_size"], actor["ppo_micro_batch_size_per_gpu"]) == (16, 16)
 
 
 def test_profile_step_composes_verls_torch_profiler_for_the_actor(vl3b_tiny, tmp_path):

@@ -1407,3 +1407,78 @@ def test_the_actor_workers_vision_tower_attends_by_segments_under_fsdp(strategy,
         assert grads.keys() == reference[1].keys()
         for name, g in grads.items():
             assert torch.allclose(g, reference[1][name], atol=1e-6, rtol=1e-4), name
+
+
+def test_verls_fused_log_probs_on_qwen2_5_vl_match_full_precision(tmp_path, monkeypatch):
+    """The Geometry3K preset trains with verl's fused log-probs (`use_fused_kernels`, torch backend: the LM head and
+    log-softmax by chunks of tokens, never the whole (tokens x vocabulary) logits). On an update batch of two diagrams
+    from our backend, right-padded as verl's engine pads a micro-batch, its per-token log-probs and entropy at a
+    temperature and the gradients of a PPO-shaped loss through them equal the unpatched model's in float64.
+    Could fail if verl's patched forward dropped the images or positions, or mis-aligned labels with padding."""
+    from transformers import AutoTokenizer
+    from transformers.models.qwen2_5_vl import modeling_qwen2_5_vl as q25
+    from transformers.models.qwen2_vl import modeling_qwen2_vl as q2
+    from verl.models.transformers.monkey_patch import apply_monkey_patch
+    from verl.utils import hf_processor
+
+    from bapo_vl.tiny import build_qwen2_5_vl
+
+    model, processor = build_qwen2_5_vl(hidden=32, layers=2, heads=2, kv_heads=1, intermediate=64)
+    torch.manual_seed(1)
+    for p in model.parameters():  # away from the init, so that log-probs and entropy vary by token
+        p.data.normal_(0, 0.1)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    tok = AutoTokenizer.from_pretrained(tmp_path / "vl")
+    cfg = make_cfg(tmp_path / "vl", task="geometry3k", max_prompt_length=4096, use_x2="false")
+    backend = verl_backend(cfg, None, None, None, tok, hf_processor(str(tmp_path / "vl")), task_name="geometry3k")
+    problems = _problems("geometry3k", 40)
+    pair = [problems[0], next(p for p in problems if p.images[0].size != problems[0].images[0].size)]
+    responses = [[tok.convert_tokens_to_ids(c) for c in "<answer>B"], [tok.convert_tokens_to_ids(c) for c in "A12"]]
+    update = UpdateBatch(prompts=tuple(backend.encode(p) for p in pair),
+                         responses=tuple((Response(tuple(r), (-0.5,) * len(r)),) for r in responses),
+                         rewards=((1.0,), (0.0,)), advantages=((1.0,), (-1.0,)), step=1)
+    data = backend.batch_to_dataproto(update)
+    mm = data.non_tensor_batch["multi_modal_inputs"]
+    keep = data.batch["attention_mask"].bool()
+    rows = [(data.batch["input_ids"][i][keep[i]], data.batch["position_ids"][i][:, keep[i]]) for i in range(2)]
+    R = data.batch["responses"].shape[1]
+    spans = [(len(ids) - int(data.batch["response_mask"][i].sum()) - 1, len(ids) - 1)  # positions scoring the responses
+             for i, (ids, _) in enumerate(rows)]
+    T, weights = 0.7, torch.tensor([1.0, -1.0])
+    assert R and all(b - a == len(r) for (a, b), r in zip(spans, responses))
+
+    def loss_of(log_probs, entropy):  # per row: advantage x log-probs of its response, plus an entropy bonus
+        return sum(w * lp[a:b].sum() + 0.01 * h[a:b].sum()
+                   for w, lp, h, (a, b) in zip(weights, log_probs, entropy, spans))
+
+    reference = copy.deepcopy(model).double()
+    log_probs, entropy = [], []
+    for i, (ids, pos) in enumerate(rows):  # one unpadded row at a time, the model's own forward
+        logits = reference(input_ids=ids[None], position_ids=pos[:, None], pixel_values=mm[i]["pixel_values"].double(),
+                           image_grid_thw=mm[i]["image_grid_thw"]).logits[0] / T
+        logp = logits.log_softmax(-1)
+        log_probs.append(logp[:-1].gather(-1, ids[1:, None])[:, 0])
+        entropy.append(-(logp.exp() * logp).sum(-1)[:-1])
+    loss_of(log_probs, entropy).backward()
+    ref_lp, ref_h = [x.detach() for x in log_probs], [x.detach() for x in entropy]
+
+    for cls in (q25.Qwen2_5_VLModel, q25.Qwen2_5_VLForConditionalGeneration, q2.Qwen2VLModel,
+                q2.Qwen2VLForConditionalGeneration):
+        monkeypatch.setattr(cls, "forward", cls.forward)  # verl patches the classes; undone after the test
+    apply_monkey_patch(model, use_remove_padding=False, use_fused_kernels=True, fused_kernels_backend="torch")
+    L = max(len(ids) for ids, _ in rows)  # right-padded, as verl's engine pads a micro-batch without remove-padding
+    input_ids = torch.stack([torch.nn.functional.pad(ids, (0, L - len(ids)), value=backend.pad_id) for ids, _ in rows])
+    position_ids = torch.stack([torch.nn.functional.pad(pos, (0, L - pos.shape[1])) for _, pos in rows], dim=1)
+    mask = (torch.arange(L)[None] < torch.tensor([len(ids) for ids, _ in rows])[:, None]).long()
+    out = model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids,
+                pixel_values=torch.cat([m["pixel_values"] for m in mm]),
+                image_grid_thw=torch.cat([m["image_grid_thw"] for m in mm]), temperature=T, return_dict=True)
+    assert not hasattr(out, "logits") or out.logits is None  # no (tokens x vocabulary) tensor
+    loss_of(out.log_probs, out.entropy).backward()
+    for i, (a, b) in enumerate(spans):
+        torch.testing.assert_close(out.log_probs[i, a:b].double(), ref_lp[i][a:b], rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(out.entropy[i, a:b].double(), ref_h[i][a:b], rtol=1e-5, atol=1e-5)
+    grads = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad.double(), grads[name].grad, rtol=1e-4, atol=1e-6, msg=name)

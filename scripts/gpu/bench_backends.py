@@ -41,8 +41,11 @@ run, kl_coef=0 so neither backend keeps a reference model):
         and fragmentation, so expect the embedded rows to run out of memory there and to fit a 141 GB card.
         mixed_precision=compute_copy would hold more, not less (a bf16 copy 7.5 resident + its bf16 gradients 7.5
         in the backward). verl, per GPU: EasyR1's FSDP settings (parameters and optimizer offloaded to the CPU
-        outside the update, gradient checkpointing, update micro-batches of 4, log-prob micro-batches of 16, vLLM at
-        0.6 of the card, freed during the update); the update holds 60.0 / N GB of fp32 state per card.
+        outside the update, gradient checkpointing, log-prob micro-batches of 16, vLLM at 0.6 of the card, freed
+        during the update); the update holds 60.0 / N GB of fp32 state per card. Update micro-batches of 8 (EasyR1:
+        4) through verl's fused log-probs (`use_fused_kernels`: the LM head and log-softmax by chunks of tokens):
+        verl's update is bound by the host's kernel launches, about as many a micro-batch whatever its rows, and
+        without the fused path 8 rows' fp32 logits (8 x ~2,600 tokens x 151,936) outgrow a 141 GB card.
 
 A `train` run is `bapo train` (embedded) or `python -m bapo_vl.backends.verl_main` (verl) for --steps steps; figures
 come from its run record (t_generate, t_verify, t_train, t_sync, rollouts, response_length, step wall times); step 1
@@ -97,7 +100,8 @@ SHAPES = {
                  bapo=dict(COMMON, delay=1, use_x2=False, use_x3=False, batch_size=64, group_size=5,
                            max_prompt_length=2048, max_response_length=2048, mini_batch_size=16, weight_decay=0.01,
                            micro_batch_size=1, score_batch_size=16, generate_batch_size=128, **EASYR1_PIXELS),
-                 verl={"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 4,
+                 verl={"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": 8,
+                       "actor_rollout_ref.model.use_fused_kernels": True,
                        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": 16,
                        "actor_rollout_ref.rollout.gpu_memory_utilization": 0.6,
                        "actor_rollout_ref.rollout.free_cache_engine": True,  # delay=1: vLLM may free its memory
