@@ -637,9 +637,14 @@ def test_trace_summary_reads_a_torch_trace_and_says_where_the_gpu_waited(tmp_pat
                                                                            ("loss", "CompiledFunction", 1)]
     assert gaps["largest"][0]["after"].startswith("void at::native::vectorized") and \
         gaps["largest"][0]["before"].startswith("Memcpy HtoD")
+    # the host-late gap (GPU dry at 1700 us, the launch at 1900): the thread ran CompiledFunction from 1850, nothing
+    # the profiler records before it; a queued gap has no host side
+    assert "host" not in gaps["largest"][0]
+    assert gaps["largest"][1]["host"] == pytest.approx({"CompiledFunction": 50e-6, "(no operator)": 150e-6})
     table = trace_summary.markdown(s, s["trace"])
     assert "GPU busy 0.002 s of a 0.003 s window (62 %)" in table and "| HtoD | 0.001 | 0.03 | 1 |" in table
     assert "| loss / CompiledFunction | 0.0003 | 1 |" in table
+    assert "| 0.30 | loss / CompiledFunction | CompiledFunction 0.05, (no operator) 0.15 |" in table
 
 
 def test_update_report_prints_where_the_profiled_update_left_the_gpu_idle(tmp_path):

@@ -10,7 +10,9 @@ to the last of them: busy / span is how much of the window the GPU worked. `idle
 gap, the host launch of the work that ended it (matched by the trace's correlation ids). Launched after the GPU ran
 dry, the gap is the host's ("host late"), charged to the annotated range (record_function) and the top-level
 operator the launch happened in; launched before, the work waited on something else ("queued": another stream, an
-event, a copy).
+event, a copy). For the largest gaps, `host` says what the launching thread ran between the GPU running dry and the
+launch: its top-level operators' seconds within that window, and what no operator covers ("(no operator)": Python,
+or work the profiler does not record).
 """
 from __future__ import annotations
 
@@ -58,14 +60,20 @@ def union(intervals: list[tuple[float, float]]) -> float:
     return total
 
 
-def _enclosing(intervals: list[tuple[float, float, str]]):
-    """A lookup of the outermost interval (start, end, name) that holds a time: intervals nested or disjoint, as a
-    thread's operators are."""
+def _outermost(intervals: list[tuple[float, float, str]]) -> list[tuple[float, float, str]]:
+    """The intervals (start, end, name) no other holds, in order: intervals nested or disjoint, as a thread's
+    operators are."""
     outer, end = [], float("-inf")
     for a, b, name in sorted(intervals, key=lambda x: (x[0], -x[1])):
         if a >= end:
             outer.append((a, b, name))
             end = b
+    return outer
+
+
+def _enclosing(intervals: list[tuple[float, float, str]]):
+    """A lookup of the outermost interval (start, end, name) that holds a time."""
+    outer = _outermost(intervals)
     starts = [a for a, _, _ in outer]
 
     def at(t: float) -> str | None:
@@ -87,6 +95,21 @@ def _innermost(intervals: list[tuple[float, float, str]]):
     return at
 
 
+def _during(outer: list[tuple[float, float, str]], a: float, b: float, top: int = 4) -> dict:
+    """Seconds of each top-level operator (`outer`, from _outermost) within the window (a, b), the most first, and
+    the window's rest as "(no operator)"."""
+    i = max(bisect.bisect_right([x[0] for x in outer], a) - 1, 0)
+    spent = defaultdict(float)
+    for start, end, name in outer[i:]:
+        if start >= b:
+            break
+        if min(end, b) > max(start, a):
+            spent[name] += (min(end, b) - max(start, a)) / 1e6
+    rest = (b - a) / 1e6 - sum(spent.values())
+    shown = dict(sorted(spent.items(), key=lambda kv: -kv[1])[:top])
+    return shown | ({"(no operator)": rest} if rest > 0 else {})
+
+
 def idle(events: list[dict], gpu: list[dict], top: int = 15) -> dict:
     """Where the GPU's idle time between its first and last event went (see the module's docstring)."""
     spans = sorted((float(e["ts"]), float(e["ts"]) + float(e["dur"]), e) for e in gpu)
@@ -99,6 +122,7 @@ def idle(events: list[dict], gpu: list[dict], top: int = 15) -> dict:
             (ops if e["cat"] == "cpu_op" else ranges).append((float(e["ts"]), float(e["ts"]) + float(e["dur"]),
                                                               e["name"]))
     lookups = {k: (_enclosing(ops), _innermost(ranges)) for k, (ops, ranges) in by_thread.items()}
+    outer = {k: _outermost(ops) for k, (ops, _) in by_thread.items()}
     host_late = queued = unmatched = 0.0
     charged, largest = defaultdict(lambda: [0.0, 0]), []
     end, previous = spans[0][1], spans[0][2]
@@ -117,18 +141,20 @@ def idle(events: list[dict], gpu: list[dict], top: int = 15) -> dict:
                 op_at, range_at = lookups.get((launch.get("pid"), launch.get("tid")), (lambda t: None,) * 2)
                 t = float(launch["ts"])
                 where = (range_at(t) or "(no range)", op_at(t))
+                host = (outer.get((launch.get("pid"), launch.get("tid")), []), end, t)
             row = charged[where]
             row[0] += gap
             row[1] += 1
-            largest.append((gap, where, previous["name"], e["name"]))
+            largest.append((gap, where, previous["name"], e["name"], host if where[0] != "(queued)" else None))
         if b > end:
             end, previous = b, e
     largest.sort(key=lambda x: -x[0])
     return {"host_late_s": host_late, "queued_s": queued, "unmatched_s": unmatched,
             "by_range": [{"range": r, "op": op, "s": s, "gaps": n}
                          for (r, op), (s, n) in sorted(charged.items(), key=lambda kv: -kv[1][0])[:top]],
-            "largest": [{"s": s, "range": r, "op": op, "after": before[:120], "before": after[:120]}
-                        for s, (r, op), before, after in largest[:top]]}
+            "largest": [{"s": s, "range": r, "op": op, "after": before[:120], "before": after[:120],
+                         **({"host": _during(*host)} if host else {})}
+                        for s, (r, op), before, after, host in largest[:top]]}
 
 
 def summarize(events: list[dict], top: int = 15) -> dict:
@@ -195,6 +221,11 @@ def markdown(s: dict, title: str) -> str:
               f"queued {gaps['queued_s']:.3f} s, launch not in the trace {gaps['unmatched_s']:.3f} s"),
               "", "| idle, launched in (range / top-level operator) | s | gaps |", "| --- | --- | --- |"]
     lines += [f"| {g['range']} / {g['op']} | {g['s']:.4f} | {g['gaps']:,} |" for g in gaps["by_range"]]
+    lines += ["", "| largest gaps, ms | launched in (range / operator) | the launching thread in the gap, ms |",
+              "| --- | --- | --- |"]
+    lines += [f"| {1e3 * g['s']:.2f} | {g['range']} / {g['op']} | "
+              + (", ".join(f"{k} {1e3 * v:.2f}" for k, v in g["host"].items()) if "host" in g else "–") + " |"
+              for g in gaps["largest"][:5]]
     return "\n".join(lines) + "\n"
 
 
