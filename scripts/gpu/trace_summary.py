@@ -71,9 +71,8 @@ def _outermost(intervals: list[tuple[float, float, str]]) -> list[tuple[float, f
     return outer
 
 
-def _enclosing(intervals: list[tuple[float, float, str]]):
-    """A lookup of the outermost interval (start, end, name) that holds a time."""
-    outer = _outermost(intervals)
+def _enclosing(outer: list[tuple[float, float, str]]):
+    """A lookup of the outermost interval (start, end, name) that holds a time; `outer` from _outermost."""
     starts = [a for a, _, _ in outer]
 
     def at(t: float) -> str | None:
@@ -121,14 +120,14 @@ def idle(events: list[dict], gpu: list[dict], top: int = 15) -> dict:
             ops, ranges = by_thread[(e.get("pid"), e.get("tid"))]
             (ops if e["cat"] == "cpu_op" else ranges).append((float(e["ts"]), float(e["ts"]) + float(e["dur"]),
                                                               e["name"]))
-    lookups = {k: (_enclosing(ops), _innermost(ranges)) for k, (ops, ranges) in by_thread.items()}
     outer = {k: _outermost(ops) for k, (ops, _) in by_thread.items()}
+    lookups = {k: (_enclosing(outer[k]), _innermost(ranges)) for k, (_, ranges) in by_thread.items()}
     host_late = queued = unmatched = 0.0
     charged, largest = defaultdict(lambda: [0.0, 0]), []
     end, previous = spans[0][1], spans[0][2]
     for a, b, e in spans[1:]:
         if a > end:
-            gap = (a - end) / 1e6
+            gap, host = (a - end) / 1e6, None
             launch = launches.get((e.get("args") or {}).get("correlation"))
             if launch is None:
                 unmatched += gap
@@ -145,7 +144,7 @@ def idle(events: list[dict], gpu: list[dict], top: int = 15) -> dict:
             row = charged[where]
             row[0] += gap
             row[1] += 1
-            largest.append((gap, where, previous["name"], e["name"], host if where[0] != "(queued)" else None))
+            largest.append((gap, where, previous["name"], e["name"], host))
         if b > end:
             end, previous = b, e
     largest.sort(key=lambda x: -x[0])
