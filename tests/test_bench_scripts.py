@@ -517,9 +517,10 @@ def test_update_benchmark_prints_the_compiled_row_against_the_compute_copy(tmp_p
 
 
 def test_text_benchmark_reports_a_failed_engine_row_without_a_ratio(tmp_path):
-    # Could fail if a failed `bapo train` were recorded with exit status 0 (the row would look like a run that left no
-    # record), or if the summary took a ratio against a run that failed. vLLM is not installed here, so the vLLM row
-    # fails on CPU as it would on a machine without it; the transformers row runs.
+    # Could fail if a failed `bapo train` were recorded with exit status 0 (the row would look like a run that left
+    # no record), if the summary took a ratio against a run that failed, or if the failed row lost its reason. vLLM
+    # is not installed here, so the vLLM row fails on CPU as it would on a machine without it; the transformers row
+    # runs.
     shrink = "device=cpu batch_size=2 group_size=2 max_response_length=8 mini_batch_size=2 micro_batch_size=2"
     env = dict(os.environ, BENCH_DIR=str(tmp_path), STEPS="2", SET=shrink)
     out = subprocess.run(["bash", ROOT / "benchmarks" / "text.sh", POLICY], capture_output=True, text=True,
@@ -532,6 +533,10 @@ def test_text_benchmark_reports_a_failed_engine_row_without_a_ratio(tmp_path):
     assert summary["baseline"]["tokens_per_gpu_s"] == base["tokens_per_gpu_s"]
     assert summary["tokens_per_gpu_s_x_baseline"] is None
     assert "rollout_engine=vllm needs vLLM" in (tmp_path / "embedded-vllm.log").read_text()
+    # the failed row says why, in its file and its summary (the run's last exception line); a run that did not fail
+    # has no failure entry
+    assert any("rollout_engine=vllm needs vLLM" in line for line in summary["failure"]), summary.get("failure")
+    assert "failure" not in base
 
 
 def test_sft_benchmark_prints_the_compiled_step_against_the_eager_one(tmp_path):

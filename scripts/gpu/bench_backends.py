@@ -61,6 +61,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -308,6 +309,39 @@ def profile_settings(step: int, save_path: Path) -> list[str]:
             f"{t}.tool_config.torch.schedule.active=1"]
 
 
+EXCEPTION_LINE = re.compile(r"(?:^|\s)((?:[A-Za-z_][\w]*\.)*[A-Za-z_]\w*(?:Error|Exception|Failed)(?:\(\w+\))?: .*)")
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def run_watching_stderr(cmd: list[str], env: dict, timeout: float, keep: int = 2) -> tuple[int | str, list[str]]:
+    """Run `cmd` with its stderr passed through, and return its exit status ("timeout" if it ran past `timeout`
+    seconds) and the last `keep` lines of its stderr that name an exception (`torch.OutOfMemoryError: CUDA out of
+    memory. ...`; Ray's and the terminal's prefixes dropped, 300 characters at most) or, without one, its last line:
+    a failed row says why."""
+    proc = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True, errors="replace")
+    named, last = [], [""]
+
+    def watch():
+        for line in proc.stderr:
+            sys.stderr.write(line)
+            text = ANSI.sub("", line).strip()
+            if text:
+                last[0] = text
+            found = EXCEPTION_LINE.search(text)
+            if found and (not named or named[-1] != found.group(1)[:300]):
+                named[:] = (named + [found.group(1)[:300]])[-keep:]
+    reader = threading.Thread(target=watch, daemon=True)
+    reader.start()
+    try:
+        rc = proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        rc = "timeout"
+    reader.join(timeout=10)
+    return rc, named or ([last[0][:300]] if last[0] else [])
+
+
 def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out: Path, source: str | None,
           run_dir: Path, timeout: float, extra: list[str], cuda: str | None = None, keep_weights: bool = False,
           dry: bool = False, profile_step: int | None = None):
@@ -328,11 +362,7 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=cuda or ",".join(str(i) for i in range(gpus)))
     t0 = time.time()
     with GpuMemoryPeak(env["CUDA_VISIBLE_DEVICES"]) as memory:
-        try:
-            proc = subprocess.run(cmd, env=env, timeout=timeout)
-            rc = proc.returncode
-        except subprocess.TimeoutExpired:
-            rc = "timeout"
+        rc, errors = run_watching_stderr(cmd, env, timeout)
     mode = {} if backend != "verl" else {
         "vllm_mode": "eager" if str(verl["actor_rollout_ref.rollout.enforce_eager"]).lower() == "true" else "cuda graphs"}
     db = run_dir / name / "run.db"
@@ -346,7 +376,7 @@ def train(shape: str, backend: str, gpus: int, model_dir: Path, steps: int, out:
     result = dict(kind="train", shape=shape, backend=backend, gpus=gpus, card=card(), **provenance(), rc=rc,
                   wall_s=time.time() - t0, **mode, steps=steps, overrides=extra, weights="random", model=str(model_dir),
                   peak_gpu_memory_gb=max(memory.peak_gb.values()) if memory.peak_gb else None,
-                  peak_gpu_memory_gb_by_card=memory.peak_gb, **summary)
+                  peak_gpu_memory_gb_by_card=memory.peak_gb, **summary, **({"failure": errors} if rc != 0 else {}))
     _write(out, result)  # the row stands before its trace is read: a large trace takes minutes
     if traces is not None:  # what the GPU did in the profiled window, from the trace rank 0 wrote
         files = sorted(traces.rglob("*.json.gz"))
@@ -455,7 +485,7 @@ def summary(result: dict, baseline: dict | None) -> dict:
     no ratio."""
     keys = ("step_s", "generate_s", "verify_s", "train_s", "train_parts_s", "sync_s", "rollouts", "response_length",
             "prompt_tokens", "tokens_per_gpu_s", "actor_mfu", "peak_flops", "peak_gpu_memory_gb", "steps_recorded",
-            "error", "easyr1_error")
+            "error", "easyr1_error", "failure")
     row = dict(kind="summary", row=label(result), shape=result["shape"], card=result["card"],
                date=result.get("date"), commit=result.get("commit"), weights=result.get("weights"), rc=result["rc"],
                gpus=result["gpus"], overrides=result.get("overrides") or [],
