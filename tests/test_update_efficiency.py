@@ -574,3 +574,24 @@ def test_pack_and_right_pad_lay_rows_out_as_one_row_at_a_time_would():
         assert torch.equal(right_pad(values, 5, fill, dtype), expected)
     with pytest.raises(ValueError, match="a row of 3 values is wider than 2 columns"):  # refused, not cut
         right_pad([(1.0, 2.0, 3.0)], 2)
+
+
+def test_response_positions_point_at_each_response_token_and_its_predicting_state():
+    """The flat indices the update gathers with, against a walk over the laid-out batch: the state before each
+    response token (hidden row-major over B x L) holds the column left of it, whose next id is that token, and each
+    token's place in the (B, R) right-padded layout. Ragged, empty and single-token responses; int64 indices."""
+    from bapo_vl.backends.base import pack
+
+    prompts = [[5, 6, 7], [8], [9, 10], [11, 12, 13, 14]]
+    responses = [[20, 21], [], [22, 23, 24, 25], [26]]
+    packed = pack(prompts, responses, pad_id=0)
+    P, L = packed.P, packed.input_ids.shape[1]
+    R = max(len(r) for r in responses)
+    states_at, tokens_at = embedded.response_positions([len(r) for r in responses], P, L)
+    assert states_at.dtype == tokens_at.dtype == torch.long
+    expected_states = [b * L + P + j - 1 for b, r in enumerate(responses) for j in range(len(r))]
+    expected_tokens = [b * R + j for b, r in enumerate(responses) for j in range(len(r))]
+    assert states_at.tolist() == expected_states and tokens_at.tolist() == expected_tokens
+    flat = packed.input_ids.flatten()
+    assert flat[states_at + 1].tolist() == [t for r in responses for t in r]  # each state's target is its token
+    assert [x.tolist() for x in embedded.response_positions([], P, L)] == [[], []]

@@ -25,6 +25,7 @@ from collections import Counter
 from contextlib import nullcontext
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.utils.checkpoint import checkpoint
 from transformers import GenerationConfig, AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText, AutoProcessor, AutoTokenizer
@@ -82,13 +83,14 @@ def response_positions(lengths: list[int], P: int, L: int) -> torch.Tensor:
     """(2, n) flat indices of the n = sum(lengths) response tokens of a [left pad][prompt][response][right pad] batch
     of rows of L columns whose responses start at column P: row 0 into the (B * L) hidden states, of the state that
     predicts each token (its target is the next column); row 1 into the (B * R) right-padded response layout,
-    R = max(lengths). Built on the host from the lengths alone, so picking the tokens on the device waits for nothing."""
+    R = max(lengths). Built on the host from the lengths alone, so picking the tokens on the device waits for nothing.
+    In numpy, on one thread: this is the host's last work before a micro-batch's forward, so it stays off torch's
+    intra-op thread pool, whose waits on a loaded host leave the GPU idle."""
     R = max(lengths, default=0)
-    n = sum(lengths)
-    counts = torch.tensor(lengths)
-    row = torch.repeat_interleave(torch.arange(len(lengths)), counts, output_size=n)  # (n,) the sequence
-    col = torch.arange(n) - (counts.cumsum(0) - counts)[row]  # (n,) the position in its response
-    return torch.stack([row * L + P - 1 + col, row * R + col])
+    counts = np.asarray(lengths, dtype=np.int64)
+    row = np.repeat(np.arange(len(counts), dtype=np.int64), counts)  # (n,) the sequence
+    col = np.arange(len(row), dtype=np.int64) - (np.cumsum(counts) - counts)[row]  # (n,) the position in its response
+    return torch.from_numpy(np.stack([row * L + P - 1 + col, row * R + col]))
 
 
 def clipped_step(optimizer, model: torch.nn.Module, max_norm: float, step: int) -> float:
