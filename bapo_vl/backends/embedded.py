@@ -84,8 +84,8 @@ def response_positions(lengths: list[int], P: int, L: int) -> torch.Tensor:
     of rows of L columns whose responses start at column P: row 0 into the (B * L) hidden states, of the state that
     predicts each token (its target is the next column); row 1 into the (B * R) right-padded response layout,
     R = max(lengths). Built on the host from the lengths alone, so picking the tokens on the device waits for nothing.
-    In numpy, on one thread: this is the host's last work before a micro-batch's forward, so it stays off torch's
-    intra-op thread pool, whose waits on a loaded host leave the GPU idle."""
+    In numpy: this is the host's last work before a micro-batch's forward, where a stall idles the GPU, and torch's
+    CPU operators here (repeat_interleave runs a parallel region per call) stalled on a loaded host."""
     R = max(lengths, default=0)
     counts = np.asarray(lengths, dtype=np.int64)
     row = np.repeat(np.arange(len(counts), dtype=np.int64), counts)  # (n,) the sequence
