@@ -23,7 +23,8 @@ engine) of prompts x 8 random responses at each `score_batch_size`, against the 
 Geometry3K prompts with their diagrams x the shape's group of responses at its response cap, the shape's micro-batches
 and pixels, one optimizer step), after one warm-up: tokens/s, MFU (6 N T over the body, 6 V h over the response
 tokens for the LM head, causal attention FLOPs, over the card's dense bf16 peak; a VL model's vision tower counted over
-its patches, its attention not), EasyR1's count of it (the language model only), peak allocated / reserved memory; with
+the patches it encodes in the update's forwards, its attention not: a micro-batch encodes each distinct prompt's
+images once), EasyR1's count of it (the language model only), peak allocated / reserved memory; with
 `--profile`, torch.profiler's top operators of one more update and its device time by part (the vision tower's and the
 language model's forward and backward, the optimizer step, the rest: what bounds the MFU) and, on a GPU, its timeline
 (scripts/gpu/trace_summary.py: where the device waited, by the range and operator the host was in);
@@ -225,19 +226,17 @@ def update_inputs(a, cfg, backend):
     return prompts, responses
 
 
-def update_flops(backend, prompts, responses) -> tuple[float, list[int]]:
+def update_flops(backend, prompts, responses, patches: int) -> tuple[float, list[int]]:
     """Model FLOPs of one update, and each sequence's length: 6 N T over the language model's body (every token),
     6 V h for the LM head over the response tokens (the only positions it runs at; a head tied to the embedding is
     counted all the same, the embedding's lookup is not), causal attention, and for a VL model the vision tower's N
-    over its patches (its attention not counted). Recomputation is not counted."""
+    over the `patches` it encoded (its attention not counted). Recomputation is not counted."""
     model = backend.policy
     text = getattr(model.config, "text_config", model.config)
     lengths = [len(p["input_ids"]) + len(r) for p, rs in zip(prompts, responses) for r in rs]
     head, embedding = model.get_output_embeddings().weight, model.get_input_embeddings().weight
     vision = sum(p.numel() for n, p in model.named_parameters() if ".visual." in f".{n}")
     body = sum(p.numel() for p in model.parameters() if p is not head and p is not embedding) - vision
-    patches = sum(int(p["image_grid_thw"].prod(-1).sum()) * len(rs) for p, rs in zip(prompts, responses)
-                  if "image_grid_thw" in p)
     response_tokens = sum(len(r) for rs in responses for r in rs)
     attention = 6 * text.num_hidden_layers * text.hidden_size * sum(n * n for n in lengths)  # causal: half of 12
     return (6 * body * sum(lengths) + 6 * head.numel() * response_tokens + attention + 6 * vision * patches,
@@ -268,13 +267,14 @@ def update_bench(a) -> dict:
     backend.update(batch)  # warm-up (and torch.compile's compilation)
     times = []
     _reset()
-    for _ in range(a.repeat):
-        t0 = time.perf_counter()
-        backend.update(batch)
-        _sync()
-        times.append(time.perf_counter() - t0)
+    with TrainedPatches(backend) as patches:
+        for _ in range(a.repeat):
+            t0 = time.perf_counter()
+            backend.update(batch)
+            _sync()
+            times.append(time.perf_counter() - t0)
     seconds = sorted(times)[len(times) // 2]
-    flops, lengths = update_flops(backend, prompts, responses)
+    flops, lengths = update_flops(backend, prompts, responses, patches.count // a.repeat)
     tokens = sum(lengths)
     peak = peak_flops(card())
     memory = _memory()  # of the timed updates, before the profiled one
@@ -286,6 +286,30 @@ def update_bench(a) -> dict:
                 mfu=flops / seconds / peak if peak else None,
                 mfu_easyr1=actor_mfu(backend.policy.config, lengths, seconds, gpus=1, peak=peak), **memory,
                 **(profile(lambda: backend.update(batch), backend.trained) if a.profile else {}), **syncs)
+
+
+class TrainedPatches:
+    """Within the block, `count`: the patches the updated model's vision tower encoded in forwards with a graph (the
+    update's; not its no-grad scoring). 0 for a model without a tower."""
+
+    def __init__(self, backend):
+        self.visual = getattr(getattr(backend.trained, "model", None), "visual", None)
+        self.count, self.hook = 0, None
+
+    def __enter__(self):
+        import torch
+
+        def seen(module, args):
+            if torch.is_grad_enabled():
+                self.count += len(args[0])
+
+        if self.visual is not None:
+            self.hook = self.visual.register_forward_pre_hook(seen)
+        return self
+
+    def __exit__(self, *exc):
+        if self.hook is not None:
+            self.hook.remove()
 
 
 def sync_calls(fn) -> dict:

@@ -391,6 +391,35 @@ def test_update_bench_of_the_vl3b_shape_trains_diagrams_and_counts_both_towers(v
     assert other["shape"] == "vl3b" and other["speed_x_baseline"] is None  # other work: no ratio
 
 
+def test_update_flops_count_the_tower_once_per_prompt_in_a_micro_batch(vl3b_tiny, tmp_path):
+    # Could fail if the update's FLOPs counted the vision tower per sequence where a micro-batch of one prompt's five
+    # rows encodes its images once (bapo_vl.shared_images), or counted the update's no-grad scoring as well.
+    from transformers import AutoModelForImageTextToText
+
+    from bapo_vl.backends.embedded import PromptEncoder
+    from bapo_vl.config import load_config
+    from bapo_vl.train import load_problems
+
+    out = tmp_path / "mb5.json"
+    run(ROOT / "scripts" / "bench_gpu.py", "update", "--shape", "vl3b", "--model", vl3b_tiny, "--source", G3K,
+        "--prompts", "1", "--repeat", "1", "--set", "device=cpu", "max_response_length=8", "min_pixels=3136",
+        "max_pixels=50176", "micro_batch_size=5", "--out", out, cwd=tmp_path)
+    r = json.loads(out.read_text())
+    model = AutoModelForImageTextToText.from_pretrained(vl3b_tiny)
+    vision = sum(p.numel() for p in model.model.visual.parameters())
+    text = model.config.text_config
+    body = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n) - vision
+    lengths = [r["tokens"] // 5] * 5  # one prompt's five rows of 8 response tokens
+    assert sum(lengths) == r["tokens"] and r["sequences"] == 5
+    without_tower = 6 * body * r["tokens"] + 6 * text.vocab_size * text.hidden_size * 5 * 8 \
+        + 6 * text.num_hidden_layers * text.hidden_size * sum(n * n for n in lengths)
+    tower = r["tflops"] * r["seconds"] * 1e12 - without_tower
+    cfg = load_config("geometry3k", None, [f"model={vl3b_tiny}", f"task_options={{source: {G3K}}}", "min_pixels=3136",
+                                           "max_pixels=50176"])
+    prompt = PromptEncoder(str(vl3b_tiny), cfg.sampling)(load_problems(cfg.run)[1][0])
+    assert tower == pytest.approx(6 * vision * int(prompt["image_grid_thw"].prod(-1).sum()), rel=1e-6)
+
+
 def test_update_profile_splits_the_time_by_tower_forward_and_backward(vl3b_tiny, tmp_path):
     # Could fail if the profile lost a part (a tower's forward range not recorded, its backward not found from the
     # forward's autograd sequence numbers, the optimizer step not named), if the parts did not add up to the profiled

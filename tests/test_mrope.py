@@ -7,6 +7,7 @@ import torch
 from bapo_vl.config import load_config
 from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions, supported
 from bapo_vl.plugins import get_task
+from bapo_vl.shared_images import last_hidden_state
 from bapo_vl.tiny import build_qwen2_5_vl, build_qwen2
 
 SIDE = 56
@@ -38,9 +39,14 @@ def test_batch_positions_equal_get_rope_index_on_the_embedded_layout(tiny_vl):
     responses = [[5, 6, 7], [8], [9, 10, 11, 12, 13], [14, 15]]
     batch = backend._collate(prompts, responses)
     P = batch.pop("P")
-    reference, _ = model.model.get_rope_index(batch["input_ids"], mm_token_type_ids=batch["mm_token_type_ids"],
-                                              image_grid_thw=batch["image_grid_thw"],
-                                              attention_mask=batch["attention_mask"])
+    # the model's own inputs for these rows: every row's images, and image-token markers from the ids
+    types = (batch["input_ids"] == model.config.image_token_id).long()
+    own = {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], "mm_token_type_ids": types,
+           "pixel_values": torch.cat([p["pixel_values"] for p in prompts]),
+           "image_grid_thw": torch.cat([p["image_grid_thw"] for p in prompts])}
+    reference, _ = model.model.get_rope_index(own["input_ids"], mm_token_type_ids=types,
+                                              image_grid_thw=own["image_grid_thw"],
+                                              attention_mask=own["attention_mask"])
     assert torch.equal(batch["position_ids"], reference)
     assert P == max(len(p["input_ids"]) for p in prompts)
     precomputed = {"position_ids", "image_position_ids", "image_cu_seqlens", "image_window_index",
@@ -48,8 +54,8 @@ def test_batch_positions_equal_get_rope_index_on_the_embedded_layout(tiny_vl):
     assert precomputed <= set(batch)
     # the forward given the positions and the vision tower's inputs is the forward that computes them
     with torch.no_grad():
-        given = model(**batch).logits
-        computed = model(**{k: v for k, v in batch.items() if k not in precomputed}).logits
+        given = last_hidden_state(model, batch)
+        computed = model.model(**own).last_hidden_state
     mask = batch["attention_mask"].bool()
     torch.testing.assert_close(given[mask], computed[mask], rtol=0, atol=0)
     # generation batches (no responses) leave positions to generate

@@ -29,6 +29,9 @@ def reference(backend, prompts, responses):
     batch = backend._collate(prompts, responses)
     P = batch.pop("P")
     R = max(len(r) for r in responses)
+    if "image_at" in batch:  # the model's own forward, over every row's images (not bapo_vl.shared_images')
+        batch = {k: v for k, v in batch.items() if not k.startswith("image_") and k != "pixel_values"}
+        batch |= {k: torch.cat([p[k] for p in prompts]) for k in ("pixel_values", "image_grid_thw")}
     with backend._autocast():
         logits = backend.trained(**batch).logits[:, P - 1:P - 1 + R]  # (N, R, V)
     logp_all = torch.log_softmax(logits.double() / backend.sampling.temperature, -1)
@@ -121,7 +124,9 @@ def test_vl_logprobs_entropy_loss_and_grads_match_full_logits(tmp_path, monkeypa
     problems = get_task("geometry3k").load(split="train", source=geometry3k_source, limit=2)
     prompts = [backend.encode(p) for p in problems]
     assert all("pixel_values" in p for p in prompts)
-    check(backend, prompts, [[70, 71, 72, 73, 74, 75], [80, 81, 82]], monkeypatch, chunk=4)
+    # the first prompt's two rows share one pass of the vision tower (bapo_vl.shared_images); the reference does not
+    check(backend, [prompts[0], prompts[0], prompts[1]], [[70, 71, 72, 73, 74, 75], [76, 77], [80, 81, 82]],
+          monkeypatch, chunk=4)
 
 
 def test_update_micro_batches_by_length_pad_less_and_change_no_gradient(tmp_path, monkeypatch):
@@ -595,3 +600,51 @@ def test_response_positions_point_at_each_response_token_and_its_predicting_stat
     flat = packed.input_ids.flatten()
     assert flat[states_at + 1].tolist() == [t for r in responses for t in r]  # each state's target is its token
     assert [x.tolist() for x in embedded.response_positions([], P, L)] == [[], []]
+
+
+def test_a_groups_rows_share_one_pass_of_the_vision_tower_and_train_as_if_each_had_its_own(tmp_path,
+                                                                                            geometry3k_source):
+    """Rows of one prompt (the same dict, as a group's responses are) run the vision tower once per batch: the tower
+    sees the distinct prompts' patches only, yet the last hidden states and every parameter's gradient (the tower's
+    included) equal the model's own forward over every row's images, in float64. Could fail if a row got another
+    prompt's features, if features landed off its image tokens, or if the shared features' gradient were not the sum
+    over the rows that use them."""
+    from bapo_vl.shared_images import last_hidden_state
+
+    model, processor = build_qwen2_5_vl(max_pixels=56 * 56)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    backend = make(tmp_path / "vl", tmp_path, task="geometry3k", task_options="{}", max_pixels=56 * 56)
+    policy = backend.policy.double()
+    a, b = (backend.encode(p) for p in get_task("geometry3k").load(split="train", source=geometry3k_source, limit=2))
+    assert not torch.equal(a["pixel_values"], b["pixel_values"])
+    prompts = [a, a, b, a]  # a group's rows side by side, another prompt between
+    responses = [[70, 71, 72, 73, 74, 75], [80, 81, 82], [90, 91, 92, 93], [60]]
+    shared = backend._collate(prompts, responses)
+    assert len(shared["pixel_values"]) == len(a["pixel_values"]) + len(b["pixel_values"])  # each prompt's once
+
+    every_row = {k: shared[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    every_row |= {"pixel_values": torch.cat([p["pixel_values"] for p in prompts]),
+                  "image_grid_thw": torch.cat([p["image_grid_thw"] for p in prompts])}
+    seen = []
+    hook = policy.model.visual.register_forward_pre_hook(lambda mod, args: seen.append(len(args[0])))
+    weights = torch.randn(*shared["input_ids"].shape, policy.config.text_config.hidden_size, dtype=torch.float64,
+                          generator=torch.Generator().manual_seed(0))
+    results = []
+    for batch in (shared, every_row):
+        policy.zero_grad(set_to_none=True)
+        hidden = last_hidden_state(policy, batch)
+        (hidden * weights * shared["attention_mask"][..., None]).sum().backward()
+        results.append((hidden.detach(), {k: p.grad.clone() for k, p in policy.named_parameters()
+                                          if p.grad is not None}))
+    hook.remove()
+    assert seen == [len(shared["pixel_values"]), len(every_row["pixel_values"])]  # once per prompt, then per row
+    (hidden, grads), (want_hidden, want_grads) = results
+    mask = shared["attention_mask"].bool()
+    torch.testing.assert_close(hidden[mask], want_hidden[mask], rtol=1e-10, atol=1e-12)
+    assert set(grads) == set(want_grads) and any(".visual." in f".{k}" for k in grads)
+    for k in want_grads:  # the tower's rotary embedding runs in float32 (transformers casts q and k), so summing
+        # the rows' gradients before or after the tower differs there by float32 rounding, not float64's
+        tol = dict(rtol=1e-5, atol=1e-6 * float(want_grads[k].abs().max())) if ".visual." in f".{k}" else \
+            dict(rtol=1e-10, atol=1e-12 * float(want_grads[k].abs().max()))
+        torch.testing.assert_close(grads[k], want_grads[k], **tol, msg=lambda m: f"{k}: {m}")

@@ -5,6 +5,8 @@ import copy
 
 import torch
 
+from bapo_vl.shared_images import last_hidden_state
+
 
 class ValueModel(torch.nn.Module):
     """A copy of the policy's network with a scalar head on its last hidden state. The head starts at zero, so
@@ -20,6 +22,5 @@ class ValueModel(torch.nn.Module):
 
     def forward(self, batch: dict, n_response: int) -> torch.Tensor:
         """(B, R) values of the states before each response token (same alignment as the policy's log-probs)."""
-        batch = {k: v for k, v in batch.items() if k != "P"}
-        hidden = self.body(**batch, output_hidden_states=True, logits_to_keep=1).hidden_states[-1]  # (B, L, H)
+        hidden = last_hidden_state(self.body, {k: v for k, v in batch.items() if k != "P"})  # (B, L, H)
         return self.head(hidden[:, -n_response - 1:-1].float()).squeeze(-1)  # (B, R)

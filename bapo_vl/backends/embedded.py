@@ -43,6 +43,7 @@ from bapo_vl import mrope
 from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.problem import Problem
+from bapo_vl.shared_images import last_hidden_state, shared_image_inputs
 from bapo_vl.vision_attention import use_segment_attention
 from bapo_vl.workarounds import update_attention
 
@@ -316,17 +317,22 @@ class EmbeddedBackend:
         """Batch of [left pad][prompt][response][right pad] on the device; `P` is where responses start."""
         packed = pack([p["input_ids"] for p in prompts], responses, self.pad_id)
         batch = {"input_ids": packed.input_ids, "attention_mask": packed.attention_mask}
-        if self.is_vl:
+        scored = (self.is_vl and responses is not None and self.encoder.vision_inputs is not None
+                  and all("positions" in p for p in prompts))
+        if scored:  # scoring and updates: the vision tower once per distinct prompt (bapo_vl.shared_images)
+            batch |= shared_image_inputs(prompts, packed.input_ids, self.policy.config)
+            batch["position_ids"] = batch_positions([p["positions"] for p in prompts],
+                                                    [packed.P - len(p["input_ids"]) for p in prompts],
+                                                    packed.attention_mask)
+            if "image_grid_thw" in batch:
+                batch |= self.encoder.vision_inputs(batch["image_grid_thw"])
+        elif self.is_vl:  # generation (it finds its own positions) and prompts without precomputed positions
             for key in ("pixel_values", "image_grid_thw"):
                 if any(key in p for p in prompts):
                     batch[key] = torch.cat([p[key] for p in prompts if key in p])
             if "mm_token_type_ids" in prompts[0]:  # image-token markers over the prompt, zero elsewhere
                 types = pack([p["mm_token_type_ids"] for p in prompts], None, 0).input_ids
                 batch["mm_token_type_ids"] = torch.cat([types, torch.zeros(len(prompts), packed.R, dtype=torch.long)], 1)
-            if responses is not None and all("positions" in p for p in prompts):  # generate finds its own
-                starts = [packed.P - len(p["input_ids"]) for p in prompts]
-                batch["position_ids"] = batch_positions([p["positions"] for p in prompts], starts,
-                                                        packed.attention_mask)
             if responses is not None and "image_grid_thw" in batch and self.encoder.vision_inputs is not None:
                 batch |= self.encoder.vision_inputs(batch["image_grid_thw"])
         else:  # text models take positions from the mask so left padding does not shift them
@@ -370,7 +376,7 @@ class EmbeddedBackend:
         R = max(lengths)
         states_at, tokens_at = self._to_device(response_positions(lengths, P, L))  # (n,), (n,)
         with self._autocast():
-            hidden = model.model(**batch, use_cache=False).last_hidden_state  # (B, L, H)
+            hidden = last_hidden_state(model, batch)  # (B, L, H)
         states = hidden.flatten(0, 1).index_select(0, states_at)  # (n, H): the state before each response token
         targets = batch["input_ids"].flatten().index_select(0, states_at + 1)  # (n,)
         dtype = self.autocast_dtype or model.lm_head.weight.dtype  # what autocast would run the head in
