@@ -30,7 +30,7 @@ def shared_image_inputs(prompts: list[dict], input_ids: torch.Tensor, config) ->
     first = dict(zip(map(id, distinct), np.cumsum([0, *sizes[:-1]]).tolist()))
     size = dict(zip(map(id, distinct), sizes))
     rows = np.concatenate([np.arange(first[id(p)], first[id(p)] + size[id(p)]) for p in prompts if "pixel_values" in p])
-    at = (input_ids.flatten() == config.image_token_id).nonzero().squeeze(1)
+    at = torch.from_numpy(np.flatnonzero(input_ids.numpy().ravel() == config.image_token_id))
     if len(at) != len(rows):
         raise ValueError(f"the batch has {len(at)} image tokens but its prompts' images give {len(rows)} features")
     return {"pixel_values": torch.cat([p["pixel_values"] for p in distinct]),
