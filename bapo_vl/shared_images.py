@@ -1,9 +1,10 @@
 """A group's responses share their prompt's images: the vision tower runs once per distinct prompt in a batch.
 
 GRPO scores and trains G responses to each prompt, and a scoring batch or a micro-batch often holds several rows of
-one group, so a model forward over the rows would encode the same image up to G times (forward and backward). Here a batch
-carries each distinct prompt's pixels once, `image_rows` (for each image token of the batch, in order, its row in the
-tower's output) and `image_at` (where those tokens are in the flattened (B * L) batch), both built on the host.
+one group, so a model forward over the rows would encode the same image up to G times (forward and backward). Here
+a batch carries each distinct prompt's pixels once, `image_rows` (for each image token of the batch, in order, its
+row in the tower's output) and `image_at` (where those tokens are in the flattened (B * L) batch), both built on the
+host.
 `last_hidden_state` runs the tower on the distinct images, places their features at every row's image tokens and
 runs the language model, as the model's own forward does after its tower (checked against it, gradients included,
 in tests/test_update_efficiency.py); it also skips that forward's two reads of the device (the features' split sizes
