@@ -30,10 +30,13 @@ def shared_image_inputs(prompts: list[dict], input_ids: torch.Tensor, config) ->
     sizes = [int(p["image_grid_thw"].prod(-1).sum()) // merge for p in distinct]  # feature rows per prompt
     first = dict(zip(map(id, distinct), np.cumsum([0, *sizes[:-1]]).tolist()))
     size = dict(zip(map(id, distinct), sizes))
+    is_image = input_ids.numpy() == config.image_token_id
+    for row, (p, tokens) in enumerate(zip(prompts, is_image.sum(1).tolist())):
+        if tokens != size.get(id(p), 0):
+            raise ValueError(f"row {row} of the batch has {tokens} image tokens but its prompt's images give "
+                             f"{size.get(id(p), 0)} features")
     rows = np.concatenate([np.arange(first[id(p)], first[id(p)] + size[id(p)]) for p in prompts if "pixel_values" in p])
-    at = torch.from_numpy(np.flatnonzero(input_ids.numpy().ravel() == config.image_token_id))
-    if len(at) != len(rows):
-        raise ValueError(f"the batch has {len(at)} image tokens but its prompts' images give {len(rows)} features")
+    at = torch.from_numpy(np.flatnonzero(is_image.ravel()))
     return {"pixel_values": torch.cat([p["pixel_values"] for p in distinct]),
             "image_grid_thw": torch.cat([p["image_grid_thw"] for p in distinct]),
             "image_rows": torch.from_numpy(rows), "image_at": at}

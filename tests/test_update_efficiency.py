@@ -648,3 +648,19 @@ def test_a_groups_rows_share_one_pass_of_the_vision_tower_and_train_as_if_each_h
         tol = dict(rtol=1e-5, atol=1e-6 * float(want_grads[k].abs().max())) if ".visual." in f".{k}" else \
             dict(rtol=1e-10, atol=1e-12 * float(want_grads[k].abs().max()))
         torch.testing.assert_close(grads[k], want_grads[k], **tol, msg=lambda m: f"{k}: {m}")
+
+
+def test_a_row_whose_image_tokens_do_not_match_its_images_is_named(tmp_path, geometry3k_source):
+    """A prompt whose ids lost an image token (or whose pixels belong to another image) is refused with the row it is
+    in, before any forward: its features would otherwise land on other rows' tokens."""
+    model, processor = build_qwen2_5_vl(max_pixels=56 * 56)
+    model.save_pretrained(tmp_path / "vl")
+    processor.save_pretrained(tmp_path / "vl")
+    backend = make(tmp_path / "vl", tmp_path, task="geometry3k", task_options="{}", max_pixels=56 * 56)
+    a, b = (backend.encode(p) for p in get_task("geometry3k").load(split="train", source=geometry3k_source, limit=2))
+    image = backend.policy.config.image_token_id
+    cut = dict(b, input_ids=b["input_ids"][b["input_ids"] != image][:-1].clone())  # no image tokens left
+    cut["input_ids"] = torch.cat([cut["input_ids"], torch.tensor([image])])  # one
+    cut["positions"] = b["positions"][:, :len(cut["input_ids"])]
+    with pytest.raises(ValueError, match=r"row 2 of the batch has 1 image tokens but its prompt's images give \d+"):
+        backend._collate([a, a, cut], [[70], [71], [72]])
