@@ -664,3 +664,44 @@ def test_a_row_whose_image_tokens_do_not_match_its_images_is_named(tmp_path, geo
     cut["positions"] = b["positions"][:, :len(cut["input_ids"])]
     with pytest.raises(ValueError, match=r"row 2 of the batch has 1 image tokens but its prompt's images give \d+"):
         backend._collate([a, a, cut], [[70], [71], [72]])
+
+
+def test_shared_images_follow_qwen2_vls_own_forward_too():
+    """Qwen2-VL (the other model type bapo_vl.mrope serves; a tower without windows): rows [a, a, b] with the tower
+    run once per prompt give the hidden states of the model's own forward over every row's images, exactly."""
+    from PIL import Image
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+
+    from bapo_vl.backends.base import pack
+    from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions
+    from bapo_vl.shared_images import last_hidden_state, shared_image_inputs
+
+    reference, processor = build_qwen2_5_vl(max_pixels=56 * 56)
+    ids = {k: getattr(reference.config, k) for k in ("image_token_id", "video_token_id", "vision_start_token_id",
+                                                     "vision_end_token_id")}
+    hidden = reference.config.text_config.hidden_size
+    config = Qwen2VLConfig(text_config=reference.config.text_config.to_dict(), **ids,
+                           vision_config=dict(depth=2, embed_dim=32, hidden_size=hidden, num_heads=2, mlp_ratio=2,
+                                              patch_size=14, spatial_merge_size=2))
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(config).double().eval()
+    encoded = []
+    for colour in ((200, 10, 10), (10, 200, 10)):
+        out = processor(text=["<|vision_start|><|image_pad|><|vision_end|>how long is AB?"],
+                        images=[Image.new("RGB", (56, 56), colour)], return_tensors="pt")
+        e = dict(input_ids=out["input_ids"][0], pixel_values=out["pixel_values"], image_grid_thw=out["image_grid_thw"])
+        e["positions"] = PromptPositions(config)(e["input_ids"], out["mm_token_type_ids"][0], e["image_grid_thw"])
+        encoded.append(e)
+    prompts = [encoded[0], encoded[0], encoded[1]]
+    packed = pack([p["input_ids"] for p in prompts], [[5, 6, 7], [8, 9], [10]], 0)
+    batch = dict(input_ids=packed.input_ids, attention_mask=packed.attention_mask,
+                 position_ids=batch_positions([p["positions"] for p in prompts],
+                                              [packed.P - len(p["input_ids"]) for p in prompts], packed.attention_mask))
+    shared = batch | shared_image_inputs(prompts, packed.input_ids, config)
+    shared |= VisionInputs(config.vision_config)(shared["image_grid_thw"])
+    assert len(shared["pixel_values"]) == 2 * len(encoded[0]["pixel_values"])
+    own = batch | {k: torch.cat([p[k] for p in prompts]) for k in ("pixel_values", "image_grid_thw")}
+    with torch.no_grad():
+        got, want = last_hidden_state(model, shared), model.model(**own, use_cache=False).last_hidden_state
+    mask = batch["attention_mask"].bool()
+    torch.testing.assert_close(got[mask], want[mask], rtol=0, atol=0)
