@@ -37,9 +37,8 @@ def shared_image_inputs(prompts: list[dict], input_ids: torch.Tensor, config) ->
                              f"{size.get(id(p), 0)} features")
     rows = np.concatenate([np.arange(first[id(p)], first[id(p)] + size[id(p)]) for p in prompts if "pixel_values" in p])
     at = torch.from_numpy(np.flatnonzero(is_image.ravel()))
-    return {"pixel_values": torch.cat([p["pixel_values"] for p in distinct]),
-            "image_grid_thw": torch.cat([p["image_grid_thw"] for p in distinct]),
-            "image_rows": torch.from_numpy(rows), "image_at": at}
+    joined = {k: distinct[0][k] if len(distinct) == 1 else torch.cat([p[k] for p in distinct]) for k in IMAGE_KEYS}
+    return joined | {"image_rows": torch.from_numpy(rows), "image_at": at}
 
 
 def last_hidden_state(model, batch: dict) -> torch.Tensor:
