@@ -43,7 +43,7 @@ from bapo_vl import mrope
 from bapo_vl.mrope import PromptPositions, VisionInputs, batch_positions
 from bapo_vl.optim import lr_factor, mini_batches
 from bapo_vl.problem import Problem
-from bapo_vl.shared_images import last_hidden_state, shared_image_inputs
+from bapo_vl.shared_images import IMAGE_KEYS, last_hidden_state, shared_image_inputs
 from bapo_vl.vision_attention import use_segment_attention
 from bapo_vl.workarounds import update_attention
 
@@ -327,7 +327,7 @@ class EmbeddedBackend:
             if "image_grid_thw" in batch:
                 batch |= self.encoder.vision_inputs(batch["image_grid_thw"])
         elif self.is_vl:  # generation (it finds its own positions) and prompts without precomputed positions
-            for key in ("pixel_values", "image_grid_thw"):
+            for key in IMAGE_KEYS:
                 if any(key in p for p in prompts):
                     batch[key] = torch.cat([p[key] for p in prompts if key in p])
             if "mm_token_type_ids" in prompts[0]:  # image-token markers over the prompt, zero elsewhere
