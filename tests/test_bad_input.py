@@ -1,6 +1,7 @@
 """Every bad input to `bapo train` fails at start with ONE line, `bapo: ...`, naming the key, file or run and what to
 do (exit code 2), and no traceback unless --debug; a failure during training (a full disk) ends in one line too (exit
-code 1) with the run marked failed and its earlier checkpoint intact.
+code 1) with the run marked failed and its earlier checkpoint intact; so does the GPU's memory running out, naming
+the phase and the settings that lower its need.
 
 The CLI runs in-process (main(), output through capsys) on the bundled tiny policy, except the real full disk: a
 small tmpfs in a private mount namespace (`unshare`), skipped where that is not allowed."""
@@ -272,3 +273,68 @@ def test_real_full_disk(base_run, tmp_path):
     assert left["status"] == "failed" and left["checkpoints"]
     assert all(c.startswith("step_") for c in left["checkpoints"])
     assert err.endswith(f"continues it from checkpoint {left['checkpoints'][-1]} (--debug shows the traceback)")
+
+
+# --- the GPU's memory runs out ----------------------------------------------------------------------------------
+# CUDA cannot run here: torch.OutOfMemoryError is raised where a CUDA allocation would fail, inside the real
+# model's decoder layers, and everything around it (the backend's phases, the trainer, the record, the CLI) is real.
+
+
+def out_of_memory_in(monkeypatch, when):
+    """Qwen2's decoder layers raise torch's CUDA out-of-memory error while `when()` holds."""
+    from transformers.models.qwen2 import modeling_qwen2
+
+    forward = modeling_qwen2.Qwen2DecoderLayer.forward
+
+    def failing(self, *args, **kwargs):
+        if when():
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total "
+                                         "capacity of 79.19 GiB of which 1.06 GiB is free.")
+        return forward(self, *args, **kwargs)
+
+    monkeypatch.setattr(modeling_qwen2.Qwen2DecoderLayer, "forward", failing)
+
+
+def test_the_update_out_of_gpu_memory(tmp_path, capsys, monkeypatch):
+    # The second step's update runs out of memory. Could fail if torch's message came out alone (no phase, no
+    # setting to change), as a traceback, or if the run were not marked failed with step 1 and its checkpoint kept.
+    run_dir = tmp_path / "oom"
+    out_of_memory_in(monkeypatch, lambda: torch.is_grad_enabled() and (run_dir / "checkpoints" / "step_1").exists())
+    err = refused(capsys, ["train", "--quiet", f"run_dir={tmp_path}", "name=oom", "steps=3", "save_every=1",
+                           "micro_batch_size=2", "online_filter=none", *SMALL], code=1)  # every group is trained
+    assert err.startswith("bapo: training failed: OutOfGpuMemory: the update (micro-batches of 2 sequences, responses "
+                          "up to "), err
+    assert ("ran out of GPU memory: lower micro_batch_size, set gradient_checkpointing=true (each block's "
+            "activations recomputed in the backward, about a third more compute), or train on several GPUs with "
+            "backend=verl (FSDP shards the weights and AdamW's state)") in err
+    assert f"{run_dir} is marked failed; `bapo train resume={run_dir}` continues it from checkpoint step_1" in err
+    assert statuses(run_dir) == ("failed", [1])
+
+
+@pytest.mark.parametrize("phase", ["sample", "score"])
+def test_sampling_and_scoring_out_of_gpu_memory(monkeypatch, phase):
+    # Could fail if a no-grad phase's out-of-memory error named the update's setting, or none.
+    from bapo_vl.backends.gpu_memory import OutOfGpuMemory
+    from bapo_vl.config import load_config
+    from bapo_vl.plugins import get_task
+    from bapo_vl.train import make_backend
+
+    backend = make_backend(load_config(overrides=["task=countdown", "task_options={template: compact}",
+                                                  "max_prompt_length=96", "model=countdown-tiny", "device=cpu",
+                                                  "dtype=float32", "max_response_length=8", "generate_batch_size=3",
+                                                  "score_batch_size=5"]))
+    prompts = [backend.encode(p) for p in get_task("countdown").load(split="train", template="compact")[:2]]
+    responses = [r.tokens for group in backend.generate(prompts, 2, logprobs=False) for r in group]
+    failing = {"on": True}
+    out_of_memory_in(monkeypatch, lambda: failing["on"])
+    with pytest.raises(OutOfGpuMemory) as e:
+        if phase == "sample":
+            backend.generate(prompts, 2)
+        else:
+            backend.score(backend.rollout, [p for p in prompts for _ in range(2)], responses)
+    expected = ("sampling 3 responses of up to 8 tokens ran out of GPU memory: lower generate_batch_size (now 3), or "
+                "sample with rollout_engine=vllm (its KV cache is paged, and sized to the card)") if phase == "sample" \
+        else (f"scoring log-probs of 4 sequences (responses up to {max(map(len, responses))} tokens) ran out of GPU "
+              "memory: lower score_batch_size (now 5)")
+    assert str(e.value) == expected
+    assert isinstance(e.value.__cause__, torch.OutOfMemoryError)  # torch's own message stays in the chain

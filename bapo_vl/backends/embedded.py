@@ -35,6 +35,7 @@ from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatc
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.mixed_precision import ComputeCopy, autocast_copy
 from bapo_vl.backends.engines import make_engine, resolve_device
+from bapo_vl.backends.gpu_memory import named
 from bapo_vl.lm_head import token_logprobs
 from bapo_vl.losses import (MICRO_BATCH_STATISTICS, gae_advantages, largest_ratio_per_row, to_host, total_loss,
                              value_loss)
@@ -399,10 +400,13 @@ class EmbeddedBackend:
     def _scores(self, model, prompts: list[dict], responses: list) -> torch.Tensor:
         """`score` left on the device (the update indexes it there)."""
         out = torch.zeros(len(responses), max(len(r) for r in responses), device=self.device)
-        for idx in _chunks(_by_length(list(range(len(prompts))), prompts, responses), self.options.score_batch_size):
-            batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
+        n = self.options.score_batch_size
+        for idx in _chunks(_by_length(list(range(len(prompts))), prompts, responses), n):
             lengths = [len(responses[i]) for i in idx]
-            logp, _ = self._token_logprobs(model, batch, lengths)
+            with named(f"scoring log-probs of {len(idx)} sequences (responses up to {max(lengths)} tokens)",
+                       f"lower score_batch_size (now {n})"):
+                batch = self._collate([prompts[i] for i in idx], [responses[i] for i in idx])
+                logp, _ = self._token_logprobs(model, batch, lengths)
             out[self._to_device(torch.tensor(idx)), :max(lengths)] = logp
         return out
 
@@ -470,9 +474,13 @@ class EmbeddedBackend:
                     idx = _by_length(idx, prompts, responses)
                 n_tokens = sum(len(responses[i]) for i in idx)
                 self.optimizer.zero_grad(set_to_none=True)
-                micro_metrics = [self._backward(micro, prompts, responses, terms, n_tokens, len(idx))
-                                 for micro in _chunks(idx, self.options.micro_batch_size)]
-                grad_norm = clipped_step(self.optimizer, self.policy, optim.grad_clip, batch.step)
+                with named(f"the update (micro-batches of {self.options.micro_batch_size} sequences, responses up "
+                           f"to {R} tokens)", "lower micro_batch_size, set gradient_checkpointing=true (each "
+                           "block's activations recomputed in the backward, about a third more compute), or train on "
+                           "several GPUs with backend=verl (FSDP shards the weights and AdamW's state)"):
+                    micro_metrics = [self._backward(micro, prompts, responses, terms, n_tokens, len(idx))
+                                     for micro in _chunks(idx, self.options.micro_batch_size)]
+                    grad_norm = clipped_step(self.optimizer, self.policy, optim.grad_clip, batch.step)
                 if self.compute is not None:
                     self.compute.refresh()
                 per_mini.append(_combine(micro_metrics) | {"grad_norm": grad_norm})

@@ -23,6 +23,7 @@ from typing import Protocol
 import torch
 
 from bapo_vl.backends.base import Policy
+from bapo_vl.backends.gpu_memory import named
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +99,10 @@ class TransformersEngine:
             P = batch.pop("P")
             batch.pop("position_ids", None)  # generate derives positions from the mask
             # compile=true compiled the blocks for the update's shapes; decoding one token at a time stays eager
-            with b._autocast(), torch.compiler.set_stance("force_eager"):
+            with b._autocast(), torch.compiler.set_stance("force_eager"), named(
+                    f"sampling {len(batch['input_ids'])} responses of up to {generation.max_new_tokens} tokens",
+                    f"lower generate_batch_size (now {b.options.generate_batch_size}), or sample with "
+                    "rollout_engine=vllm (its KV cache is paged, and sized to the card)"):
                 out = model.generate(**batch, generation_config=generation)
             tokens += [cut_at_eos(row, b.eos_ids) for row in out[:, P:].tolist()]
         return tokens
