@@ -35,8 +35,8 @@ from bapo_vl.cli import main
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 SHORT_TRAIN = "steps=1 batch_size=4 group_size=4"  # the tiny preset trains 60 steps of 32 x 8 (minutes)
-GPU_PRESET = ("a paper preset: a 1.5B-3B hub model on one ~80 GB GPU (the tests run offline; random models of "
-              "these shapes ran on GPUs, docs/results.md)")
+GPU_PRESET = ("a paper preset: a 1.5B-3B hub model on one GPU of 80 GB or more (the tests run offline; random models "
+              "of these shapes ran on GPUs, docs/results.md)")
 
 
 @dataclass
