@@ -7,9 +7,7 @@ thousands of small kernels a step. `segment_sdpa` groups the segments by length 
 a single call when all images have one size (and, for windows, when the grid divides into whole windows). Grouping
 is one gather and one split of q, k and v and one gather of the output, however many lengths there are: a gather
 or a slice per length and tensor would each add a full-size scatter or zero-fill to the backward.
-Same result as the per-segment loop (tests/test_vision_attention.py compares outputs and gradients). On CUDA in
-bf16 or fp16 one call of torch's variable-length flash attention (`torch.nn.attention.varlen`, torch >= 2.10) attends
-to every segment at once instead: no grouping, gathers or splits, one kernel forward and one backward a block.
+Same result as the per-segment loop (tests/test_vision_attention.py compares outputs and gradients).
 The grouping is read from the device once per `cu_seqlens` tensor: a tower hands the same one (or its windows' one)
 to each of its blocks, so a forward waits on the GPU twice rather than once or more in each of its blocks.
 
@@ -28,16 +26,6 @@ import torch.nn.functional as F
 
 NAME = "flash_api_segment_sdpa"
 
-try:
-    from torch.nn.attention.varlen import varlen_attn
-except ImportError:  # torch < 2.10
-    varlen_attn = None
-
-
-def varlen_applies(q: torch.Tensor, dropout: float) -> bool:
-    """Whether torch's variable-length flash attention can take these segments: a CUDA tensor of 16-bit floats."""
-    return varlen_attn is not None and q.is_cuda and q.dtype in (torch.float16, torch.bfloat16) and dropout == 0
-
 
 # Outside torch.compile: the grouping is host values (segment lengths, how many distinct ones), which a compiled
 # graph would guard on and recompile for as images change size; compiled blocks break here and run it as it is.
@@ -51,12 +39,6 @@ def segment_sdpa(module, query, key, value, attention_mask=None, scaling=None, d
     q, k, v = query[0], key[0], value[0]
     heads, _, dim = q.shape
     segments = segment_groups(cu_seq_lens_q)
-    if varlen_applies(q, dropout):  # (tokens, heads, dim) views, as the tower's projection laid them out
-        cu = cu_seq_lens_q.to(torch.int32)
-        longest = segments.sizes[-1][0]
-        out = varlen_attn(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), cu, cu, longest, longest,
-                          scale=scaling)
-        return out[None], None
     if segments.order is not None:  # one gather each, whatever the number of lengths (its backward: one index_add)
         q, k, v = (t.index_select(1, segments.order) for t in (q, k, v))
     tokens = [size * count for size, count in segments.sizes]  # one length's segments are contiguous now
