@@ -664,6 +664,39 @@ def test_the_records_train_time_is_split_by_the_actors_calls(model_dir):
         assert all(m[k] >= 0 for k in parts) and sum(m[k] for k in parts) <= m["t_train"]
 
 
+def test_a_worker_out_of_gpu_memory_names_verls_setting(model_dir):
+    """A GPU worker's out-of-memory error reaches the driver as Ray's RayTaskError; the backend says which of its
+    calls ran out and which verl keys lower its need. Could fail if Ray's error were not caught as torch's (it is an
+    instance of the worker's exception class), or the message named the embedded backend's settings."""
+    import ray
+
+    from bapo_vl.backends.gpu_memory import OutOfGpuMemory
+
+    @ray.remote
+    class Worker:
+        def update_actor(self):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
+
+    ray.init(num_cpus=1, include_dashboard=False, log_to_driver=False)
+    try:
+        worker = Worker.remote()
+        cfg = make_cfg(model_dir, use_x2="false", use_x3="false")
+        task = ScheduledTask()
+        backend = make_verl(cfg)
+        backend.actor.update_actor = lambda batch: ray.get(worker.update_actor.remote())
+        tr = make_trainer(cfg, backend, task, task.problems)
+        with pytest.raises(OutOfGpuMemory) as e:
+            for t in range(1, 4):
+                tr.step(t)
+    finally:
+        ray.shutdown()
+    assert str(e.value) == ("verl's update (ppo_micro_batch_size_per_gpu=1) ran out of GPU memory: lower "
+                            "verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, set "
+                            "verl.actor_rollout_ref.model.enable_gradient_checkpointing=true, or spread the update "
+                            "over more GPUs (verl.trainer.n_gpus_per_node, verl.trainer.nnodes)")
+    assert "ray::" in str(e.value.__cause__)  # Ray's error, with the worker's traceback, stays in the chain
+
+
 def test_length_order_sorts_within_each_cell():
     from bapo_vl.backends.verl_backend import length_order
 

@@ -1,8 +1,9 @@
 """torch's CUDA out-of-memory error, said as what ran out of memory and which settings lower its need.
 
 torch's message gives the allocation that failed and the card's figures, but not which of a step's phases (sampling,
-scoring, the update) made it or what to change; the embedded backend wraps each phase's device loop in
-`named(...)`, and `bapo train` reports the result in one line, with the run marked failed and resumable."""
+scoring, the update) made it or what to change; the backends wrap each phase's device work in `named(...)` (verl's
+workers' errors reach the driver as Ray's RayTaskError, an instance of the worker's exception class), and `bapo
+train` reports the result in one line, with the run marked failed and resumable."""
 from __future__ import annotations
 
 from contextlib import contextmanager
@@ -15,8 +16,9 @@ class OutOfGpuMemory(RuntimeError):
 
 
 def card_memory() -> str:
-    """'; peak X GB allocated by this process, card Y GB' on CUDA, '' elsewhere."""
-    if not torch.cuda.is_available():
+    """'; peak X GB allocated by this process, card Y GB' where this process uses CUDA, '' elsewhere (a CPU run, or
+    verl's driver, whose workers hold the GPUs: asking would give the driver a CUDA context of its own)."""
+    if not torch.cuda.is_initialized():
         return ""
     _, total = torch.cuda.mem_get_info()
     return f"; peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB allocated by this process, card {total / 1e9:.1f} GB"

@@ -51,6 +51,7 @@ import torch
 
 from bapo_vl.backends.base import (UPDATE_METRICS, Policy, Response, UpdateBatch, UpdateResult, old_logprobs, pack,
                                    right_pad)
+from bapo_vl.backends.gpu_memory import named
 from bapo_vl.backends.verl_data import problem_to_row
 from bapo_vl.problem import Problem
 
@@ -392,15 +393,22 @@ class VerlBackend:
         self._sleep_engine()  # before any of the actor's passes
         t2 = time.perf_counter()
         behaviour = data.batch["old_log_probs"]
-        old, is_w = old_logprobs(behaviour, self.optim.tis_threshold,
-                                 lambda: self.actor.compute_log_prob(data).batch["old_log_probs"])
-        if is_w is not None:  # ratio against the proximal policy, truncated IS to alpha
-            data.batch["old_log_probs"], data.batch["rollout_log_probs"] = old, behaviour
-            data.batch["rollout_is_weights"] = is_w * data.batch["response_mask"]
-        if self.loss.kl_coef > 0:
-            data = data.union(self.actor.compute_ref_log_prob(data))
+        with named("verl's log-prob pass (the proximal policy's or the reference's)",
+                   "lower verl.actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu (the proximal policy) or "
+                   "verl.actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu (the reference)"):
+            old, is_w = old_logprobs(behaviour, self.optim.tis_threshold,
+                                     lambda: self.actor.compute_log_prob(data).batch["old_log_probs"])
+            if is_w is not None:  # ratio against the proximal policy, truncated IS to alpha
+                data.batch["old_log_probs"], data.batch["rollout_log_probs"] = old, behaviour
+                data.batch["rollout_is_weights"] = is_w * data.batch["response_mask"]
+            if self.loss.kl_coef > 0:
+                data = data.union(self.actor.compute_ref_log_prob(data))
         t3 = time.perf_counter()
-        out = self.actor.update_actor(data)
+        with named(f"verl's update (ppo_micro_batch_size_per_gpu={self.micro_per_gpu})",
+                   "lower verl.actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu, set "
+                   "verl.actor_rollout_ref.model.enable_gradient_checkpointing=true, or spread the update over more "
+                   "GPUs (verl.trainer.n_gpus_per_node, verl.trainer.nnodes)"):
+            out = self.actor.update_actor(data)
         t4 = time.perf_counter()
         if profiling:  # verl's finish hook (global_profiler.finish_hook_cmd) runs after the last profiled step only
             self.actor.stop_profile(last=batch.step == max(self.profile_steps))
