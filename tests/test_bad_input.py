@@ -311,10 +311,8 @@ def test_the_update_out_of_gpu_memory(tmp_path, capsys, monkeypatch):
     assert statuses(run_dir) == ("failed", [1])
 
 
-@pytest.mark.parametrize("phase", ["sample", "score"])
-def test_sampling_and_scoring_out_of_gpu_memory(monkeypatch, phase):
-    # Could fail if a no-grad phase's out-of-memory error named the update's setting, or none.
-    from bapo_vl.backends.gpu_memory import OutOfGpuMemory
+def tiny_backend():
+    """The embedded backend on the bundled tiny policy, and two countdown prompts encoded for it."""
     from bapo_vl.config import load_config
     from bapo_vl.plugins import get_task
     from bapo_vl.train import make_backend
@@ -323,7 +321,15 @@ def test_sampling_and_scoring_out_of_gpu_memory(monkeypatch, phase):
                                                   "max_prompt_length=96", "model=countdown-tiny", "device=cpu",
                                                   "dtype=float32", "max_response_length=8", "generate_batch_size=3",
                                                   "score_batch_size=5"]))
-    prompts = [backend.encode(p) for p in get_task("countdown").load(split="train", template="compact")[:2]]
+    return backend, [backend.encode(p) for p in get_task("countdown").load(split="train", template="compact")[:2]]
+
+
+@pytest.mark.parametrize("phase", ["sample", "score"])
+def test_sampling_and_scoring_out_of_gpu_memory(monkeypatch, phase):
+    # Could fail if a no-grad phase's out-of-memory error named the update's setting, or none.
+    from bapo_vl.backends.gpu_memory import OutOfGpuMemory
+
+    backend, prompts = tiny_backend()
     responses = [r.tokens for group in backend.generate(prompts, 2, logprobs=False) for r in group]
     failing = {"on": True}
     out_of_memory_in(monkeypatch, lambda: failing["on"])
@@ -338,3 +344,33 @@ def test_sampling_and_scoring_out_of_gpu_memory(monkeypatch, phase):
               "memory: lower score_batch_size (now 5)")
     assert str(e.value) == expected
     assert isinstance(e.value.__cause__, torch.OutOfMemoryError)  # torch's own message stays in the chain
+
+
+def test_an_engine_that_cannot_wake_does_not_hide_the_update_running_out_of_memory(monkeypatch, caplog):
+    # A colocated vLLM engine sleeps through each update and wakes after it; after the update ran out of memory its
+    # tensors (held by the error) can leave the engine no room to wake. Could fail if the engine's error replaced
+    # the update's, which names the settings to lower, or if a failed update skipped the wake it may still manage.
+    from bapo_vl.backends.base import UpdateBatch
+    from bapo_vl.backends.gpu_memory import OutOfGpuMemory
+
+    backend, prompts = tiny_backend()
+    groups = tuple(tuple(group) for group in backend.generate(prompts, 2))
+    batch = UpdateBatch(prompts=tuple(prompts), responses=groups, rewards=((1.0, 0.0), (0.0, 1.0)),
+                        advantages=((1.0, -1.0), (-1.0, 1.0)), step=1)
+
+    class Engine:  # what update() asks of a colocated vLLM engine (vLLM cannot run here)
+        calls: list = []
+
+        def sleep(self):
+            self.calls.append("sleep")
+
+        def wake(self):
+            self.calls.append("wake")
+            raise RuntimeError("CUDA Error: out of memory at cumem_allocator.cpp:62")  # as vLLM's allocator says
+
+    backend.engine = Engine()
+    out_of_memory_in(monkeypatch, torch.is_grad_enabled)
+    with pytest.raises(OutOfGpuMemory, match="^the update .* ran out of GPU memory: lower micro_batch_size"):
+        backend.update(batch)
+    assert Engine.calls == ["sleep", "wake"]
+    assert "the rollout engine did not wake after the failed update: CUDA Error: out of memory" in caplog.text

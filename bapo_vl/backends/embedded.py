@@ -431,8 +431,15 @@ class EmbeddedBackend:
         try:
             with update_attention(self.device):  # bapo_vl.workarounds: cuDNN's attention backward
                 metrics = self._update(batch)
-        finally:
-            self.engine.wake()
+        except BaseException:
+            # the update's error is the one to report: after running out of memory, the failed update's tensors
+            # (held by the error's frames) can leave the engine no room to wake, and its error would hide the cause
+            try:
+                self.engine.wake()
+            except Exception as e:  # noqa: BLE001
+                log.warning("the rollout engine did not wake after the failed update: %s", e)
+            raise
+        self.engine.wake()
         return UpdateResult(changed=metrics.get("optimizer_steps", 0) > 0, metrics=metrics)
 
     def _update(self, batch: UpdateBatch) -> dict:
