@@ -359,7 +359,8 @@ def test_an_engine_that_cannot_wake_does_not_hide_the_update_running_out_of_memo
                         advantages=((1.0, -1.0), (-1.0, 1.0)), step=1)
 
     class Engine:  # what update() asks of a colocated vLLM engine (vLLM cannot run here)
-        calls: list = []
+        def __init__(self):
+            self.calls = []
 
         def sleep(self):
             self.calls.append("sleep")
@@ -368,9 +369,9 @@ def test_an_engine_that_cannot_wake_does_not_hide_the_update_running_out_of_memo
             self.calls.append("wake")
             raise RuntimeError("CUDA Error: out of memory at cumem_allocator.cpp:62")  # as vLLM's allocator says
 
-    backend.engine = Engine()
+    backend.engine = engine = Engine()
     out_of_memory_in(monkeypatch, torch.is_grad_enabled)
     with pytest.raises(OutOfGpuMemory, match="^the update .* ran out of GPU memory: lower micro_batch_size"):
         backend.update(batch)
-    assert Engine.calls == ["sleep", "wake"]
+    assert engine.calls == ["sleep", "wake"]
     assert "the rollout engine did not wake after the failed update: CUDA Error: out of memory" in caplog.text
