@@ -701,3 +701,13 @@ def test_update_report_prints_where_the_profiled_update_left_the_gpu_idle(tmp_pa
     assert "update timeline (NVIDIA H200): GPU busy 0.000 s of a 0.001 s window (29 %)" in out
     assert "host late 0.001 s, queued 0.000 s, launch not in the trace 0.000 s" in out
     assert "| optimizer step / aten::_fused_adamw_ | 0.0005 | 1 |" in out
+
+
+def test_activation_memory_counts_what_autograd_keeps_per_token_and_layer():
+    # The bundled policy's config. Could fail if the count took in the weights that linear layers keep (then per
+    # token would shrink with length), or if checkpointing kept more than each block's bf16 input.
+    hidden, layers = (json.loads((POLICY / "config.json").read_text())[k] for k in ("hidden_size", "num_hidden_layers"))
+    out = json.loads(run(ROOT / "scripts" / "activation_memory.py", "--config", POLICY, "--tokens", 1000))
+    assert out["checkpointed_bytes_per_token_per_layer"] == 2 * hidden
+    assert out["bytes_per_token_per_layer"] > 10 * out["checkpointed_bytes_per_token_per_layer"]
+    assert out["activations_GB"] == round(out["bytes_per_token_per_layer"] * layers * 1000 / 1e9, 1)
