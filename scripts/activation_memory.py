@@ -16,12 +16,10 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bapo_vl.backends.embedded import checkpoint_blocks  # noqa: E402
+from bapo_vl.backends.embedded import checkpoint_blocks
 
 
 def saved_bytes(text_config, layers: int, tokens: int, checkpointing: bool) -> int:
