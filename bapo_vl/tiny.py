@@ -94,7 +94,8 @@ def _special_ids(tok) -> dict:
     }
 
 
-def _text_kwargs(hidden, layers, heads, kv_heads, intermediate, vocab_size, max_position_embeddings=2048):
+def _text_kwargs(hidden, layers, heads, kv_heads, intermediate, vocab_size, max_position_embeddings=2048,
+                 tie_word_embeddings=True):
     return dict(
         vocab_size=vocab_size,
         hidden_size=hidden,
@@ -103,7 +104,7 @@ def _text_kwargs(hidden, layers, heads, kv_heads, intermediate, vocab_size, max_
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=True,
+        tie_word_embeddings=tie_word_embeddings,
     )
 
 
@@ -115,15 +116,17 @@ def _set_generation_config(model, ids: dict) -> None:
 
 
 def build_qwen2(hidden: int = 64, layers: int = 2, heads: int = 4, kv_heads: int = 2, intermediate: int = 128,
-                seed: int = 0, tokenizer=None, max_position_embeddings: int = 2048, vocab_size: int | None = None):
-    """A tiny randomly initialised Qwen2ForCausalLM (tied embeddings, fp32) and its tokenizer. `vocab_size` pads the
-    embedding and LM head beyond the tokenizer's ids, as in build_qwen2_5_vl (a real model's LM-head work)."""
+                seed: int = 0, tokenizer=None, max_position_embeddings: int = 2048, vocab_size: int | None = None,
+                tie_word_embeddings: bool = True):
+    """A tiny randomly initialised Qwen2ForCausalLM (fp32, tied embeddings unless told) and its tokenizer.
+    `vocab_size` pads the embedding and LM head beyond the tokenizer's ids, as in build_qwen2_5_vl (a real model's
+    LM-head work)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     tok = tokenizer if tokenizer is not None else build_tokenizer()
     ids = _special_ids(tok)
     cfg = Qwen2Config(**_text_kwargs(hidden, layers, heads, kv_heads, intermediate, max(vocab_size or 0, len(tok)),
-                                     max_position_embeddings), **ids)
+                                     max_position_embeddings, tie_word_embeddings), **ids)
     torch.manual_seed(seed)
     model = Qwen2ForCausalLM(cfg).float().eval()
     _set_generation_config(model, ids)

@@ -260,6 +260,7 @@ class Trainer:
         self.verdicts.clear()
         self.timings.clear()
         self.backend.timings.clear()
+        self.backend.memory.clear()
         if t % self.bapo.delay == 0:  # 1. delayed rollout policy
             t0 = time.perf_counter()
             self.backend.sync()
@@ -300,6 +301,7 @@ class Trainer:
             "response_length": mean([len(s.tokens) for g in fresh for s in g.samples]),
             **{f"t_{k}": self.timings.get(k, 0.0) for k in ("generate", "verify", "train", "sync")},
             **{f"t_generate_{k}": v for k, v in self.backend.timings.items()},  # where generate's time went
+            **{f"gpu_memory_{k}_gb": v for k, v in self.backend.memory.items()},  # what the step held on the GPU
             "optimizer_steps": 0, "trained_tokens": 0,  # a step that trained nothing
             **{k: v for k, v in train_metrics.items()},
             "verdicts": dict(self.verdicts),

@@ -74,6 +74,7 @@ def test_generate_hands_back_responses_with_behaviour_logprobs(kind, model_dir, 
     # where generate's time went: the engine; the embedded backend also scores the behaviour log-probs itself
     assert set(backend.timings) == ({"sample", "logprobs"} if kind == "embedded" else {"sample"})
     assert all(seconds > 0 for seconds in backend.timings.values())
+    assert backend.memory == {}  # no GPU in this process: nothing to record (a GPU run: test_gpu_memory_...)
     if kind == "embedded":  # evaluation's options (the verl backend refuses greedy decoding with a clear error)
         bare = backend.generate(prompts, 1, policy="current", greedy=True, logprobs=False)
         assert all(r.logprobs is None for g in bare for r in g)
@@ -160,3 +161,29 @@ def test_metric_names_reach_the_run_record(kind, model_dir, tmp_path):
     final = AutoModelForCausalLM.from_pretrained(run_dir / "final").state_dict()
     trained = (backend.policy if kind == "embedded" else backend.actor.policy).state_dict()
     assert all(torch.equal(v, trained[k].to(v.dtype)) for k, v in final.items())
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_memory_of_each_step_reaches_the_run_record(model_dir, tmp_path):
+    # Could fail if the embedded backend on a GPU left the record's gpu_memory_* empty, measured the wrong process's
+    # figure, or did not clear it between steps (each step's figure is its own, not the run's peak so far).
+    cfg = make_cfg(model_dir, tmp_path, name="gpu", device="cuda")
+    backend = make_backend(cfg)
+    run_dir = train(cfg, quiet=True, backend=backend)
+    steps = read_run(run_dir)["steps"]
+    resident = sum(p.numel() * p.element_size() for p in backend.policy.parameters()) / 1e9  # fp32 weights
+    for s in steps:
+        generate, train_gb, card = s["gpu_memory_generate_gb"], s["gpu_memory_train_gb"], s["gpu_memory_card_gb"]
+        assert resident <= generate and resident * 3 <= train_gb, s  # the update adds gradients and AdamW's moments
+        assert card >= max(generate, train_gb)  # the card holds this process's tensors and more (CUDA's context)
+        assert card <= torch.cuda.mem_get_info()[1] / 1e9
+    # a step whose phases allocate more records more, and the next step records its own figure again
+    backend.memory.clear()
+    with backend.memory.phase("generate"):
+        extra = torch.empty(2 * 10**9, dtype=torch.uint8, device="cuda")
+        del extra
+    assert backend.memory["generate"] >= steps[-1]["gpu_memory_generate_gb"] + 2.0
+    backend.memory.clear()
+    with backend.memory.phase("generate"):
+        pass
+    assert backend.memory["generate"] < steps[-1]["gpu_memory_generate_gb"] + 1.0

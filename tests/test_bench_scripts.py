@@ -174,10 +174,15 @@ def test_steps_summary_gives_the_medians_of_the_train_times_parts(tmp_path):
                          t_sync=0.0)
                 if split:
                     m |= {f"t_train_{p}": step * (i + 1) for i, p in enumerate(parts)}
+                else:  # a GPU run of the embedded backend records its memory by phase
+                    m |= dict(gpu_memory_generate_gb=[5.0, 9.0, 6.0, 6.0][step - 1], gpu_memory_train_gb=20.0 + step,
+                              gpu_memory_card_gb=30.0)
                 record.log_step(step, m)
         got = bench_backends().steps_summary(tmp_path / name / "run.db")
         assert got["train_s"] == 30.0  # steps 2-4
         assert got["train_parts_s"] == ({p: 3.0 * (i + 1) for i, p in enumerate(parts)} if split else None)
+        # memory is the most of any step (the warm-up's too), not a median
+        assert got["gpu_memory_gb"] == (None if split else dict(generate=9.0, train=24.0, card=30.0))
         profiled = bench_backends().steps_summary(tmp_path / name / "run.db", untimed={2})  # --profile-step 2
         assert profiled["timed_steps"] == [3, 4] and got["timed_steps"] == [2, 3, 4]
         assert profiled["train_s"] == 35.0
@@ -215,6 +220,33 @@ def test_text151k_is_the_text_shape_with_qwens_vocabulary():
     assert model.get_output_embeddings().weight.shape == (4096, 64)
     assert bench_backends().build("text", hidden=64, layers=2, heads=4, kv_heads=2,
                                   intermediate=128)[0].config.vocab_size == len(tok)
+
+
+def test_the_preset_shapes_run_the_presets_on_their_models_architectures(tmp_path):
+    # Could fail if a preset shape ran something other than the preset (its lengths, micro-batches, checkpointing,
+    # delay and KL reference are what the card must hold) or its model drifted from the preset's model: the math
+    # preset's DeepSeek-R1-Distill-Qwen-1.5B has an LM head of its own, 0.23 B parameters more to hold in fp32 + AdamW.
+    from bapo_vl.config import load_config
+
+    bb = bench_backends()
+    for shape, model in (("math", "deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B"),
+                         ("countdown", "Qwen/Qwen2.5-Math-1.5B"), ("geometry3k", "Qwen/Qwen2.5-VL-3B-Instruct")):
+        _, cmd, _ = bb.command(shape, "embedded", 1, tmp_path / shape, 2, None, tmp_path, [])
+        got = bb.check("embedded", 1, cmd)["config"]
+        preset = load_config(shape).to_dict()
+        assert preset["model"] == model  # what the shape's random-weight model stands for
+        changed = {k for k in preset if got[k] != preset[k]}
+        assert changed == {"model", "batch_size", "device", "save_every", "log_samples", "steps", "run_dir", "name"}
+        assert got["batch_size"] == 8 and got["steps"] == 2
+    spec = bb.MODELS["math"]
+    assert {k: spec[k] for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab_size")} == dict(
+        hidden=1536, layers=28, heads=12, kv_heads=2, intermediate=8960, vocab_size=151936)
+    assert bb.MODELS["countdown"] | dict(tie_word_embeddings=False, max_position_embeddings=131072) == spec
+    small = dict(hidden=64, layers=2, heads=4, kv_heads=2, intermediate=128, vocab_size=4096)
+    untied, _ = bb.build("math", **small)
+    tied, _ = bb.build("countdown", **small)
+    assert not untied.config.tie_word_embeddings and tied.config.tie_word_embeddings
+    assert sum(p.numel() for p in untied.parameters()) - sum(p.numel() for p in tied.parameters()) == 4096 * 64
 
 
 @pytest.fixture(scope="module")

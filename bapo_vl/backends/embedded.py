@@ -35,7 +35,7 @@ from bapo_vl.backends.base import (CheckpointError, Policy, Response, UpdateBatc
 from bapo_vl.backends.critic import ValueModel
 from bapo_vl.backends.mixed_precision import ComputeCopy, autocast_copy
 from bapo_vl.backends.engines import make_engine, resolve_device
-from bapo_vl.backends.gpu_memory import named
+from bapo_vl.backends.gpu_memory import PhaseMemory, named
 from bapo_vl.lm_head import token_logprobs
 from bapo_vl.losses import (MICRO_BATCH_STATISTICS, gae_advantages, largest_ratio_per_row, to_host, total_loss,
                              value_loss)
@@ -284,6 +284,7 @@ class EmbeddedBackend:
                         "temperature-scaled distribution (the paper uses top_p=1, top_k=-1)")
         self.rng = random.Random(seed)
         self.timings: Counter = Counter()  # seconds inside generate (base.Backend.timings)
+        self.memory = PhaseMemory(self.device)  # GB by phase (base.Backend.memory)
         self.engine = make_engine(self)  # what samples rollouts; logged by `bapo train` in its first lines
 
     def _frozen_copy(self):
@@ -351,13 +352,14 @@ class EmbeddedBackend:
             raise ValueError(f"greedy decoding gives one response per prompt, not n={n}")
         model = self.rollout if policy == "rollout" else self.policy
         flat = [p for p in prompts for _ in range(n)]
-        t0 = time.perf_counter()
-        tokens = self.engine.sample(prompts, n, policy, greedy)  # lists of ids: the device is done
-        t1 = time.perf_counter()
-        # scored as the update computes pi_theta (on the ComputeCopy where there is one), so that the ratio of its
-        # first mini-batch is 1
-        scorer = self.trained if model is self.policy else model
-        scores = self.score(scorer, flat, tokens) if logprobs else None
+        with self.memory.phase("generate"):
+            t0 = time.perf_counter()
+            tokens = self.engine.sample(prompts, n, policy, greedy)  # lists of ids: the device is done
+            t1 = time.perf_counter()
+            # scored as the update computes pi_theta (on the ComputeCopy where there is one), so that the ratio of its
+            # first mini-batch is 1
+            scorer = self.trained if model is self.policy else model
+            scores = self.score(scorer, flat, tokens) if logprobs else None
         out = [Response(tuple(t), None if scores is None else tuple(scores[i, :len(t)].tolist()))
                for i, t in enumerate(tokens)]
         self.timings["sample"] += t1 - t0
@@ -429,7 +431,7 @@ class EmbeddedBackend:
     def update(self, batch: UpdateBatch) -> UpdateResult:
         self.engine.sleep()  # a colocated engine hands its memory to the update
         try:
-            with update_attention(self.device):  # bapo_vl.workarounds: cuDNN's attention backward
+            with update_attention(self.device), self.memory.phase("train"):  # workarounds: cuDNN's attention backward
                 metrics = self._update(batch)
         except BaseException:
             # the update's error is the one to report: after running out of memory, the failed update's tensors

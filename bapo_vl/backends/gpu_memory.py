@@ -31,3 +31,26 @@ def named(what: str, lower: str):
         yield
     except torch.OutOfMemoryError as e:
         raise OutOfGpuMemory(f"{what} ran out of GPU memory{card_memory()}: {lower}") from e
+
+
+class PhaseMemory(dict):
+    """GB (1e9 bytes) of GPU memory by phase of a step (base.Backend.memory; the trainer clears it once a step):
+    "generate" and "train", the most this process's tensors held in the phase (torch's peak, reset as it starts),
+    and "card", the most in use on the card at a phase's end by every process: its total less its free memory, so a
+    colocated vLLM engine's pool, torch's cached blocks and other programs on the card count. What a card must hold
+    for a run is at least the largest of them. Empty where the device is not a GPU."""
+
+    def __init__(self, device: torch.device):
+        super().__init__()
+        self.device = device if device.type == "cuda" else None
+
+    @contextmanager
+    def phase(self, name: str):
+        if self.device is None:
+            yield
+            return
+        torch.cuda.reset_peak_memory_stats(self.device)
+        yield
+        free, total = torch.cuda.mem_get_info(self.device)
+        self[name] = max(self.get(name, 0.0), torch.cuda.max_memory_allocated(self.device) / 1e9)
+        self["card"] = max(self.get("card", 0.0), (total - free) / 1e9)

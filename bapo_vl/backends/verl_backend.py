@@ -77,6 +77,8 @@ assert set(VERL_METRICS) | set(COUNTED) == set(UPDATE_METRICS)
 # Beyond UPDATE_METRICS: columns the embedded backend's record has too, given its name where verl reports them, so
 # that one column (and the dashboard's Training health panel) reads both backends' runs
 VERL_SHARED_METRICS = {"ppo_kl": "actor/ppo_kl"}  # mean of behaviour minus current log-probs: KL to the rollout
+# verl's actor reports its torch peak since it started in GiB; the record's gpu_memory_train_gb is in GB (1e9 bytes)
+VERL_MEMORY_METRICS = {"gpu_memory_train_gb": "actor/perf/max_memory_allocated_gb"}
 
 
 class VerlConfigError(ValueError):
@@ -193,6 +195,7 @@ class VerlBackend:
         self.rollout_manager, self.actor, self.checkpoint_manager = rollout_manager, actor, checkpoint_manager
         self.tokenizer, self.processor = tokenizer, processor
         self.timings: Counter = Counter()  # seconds inside generate: all "sample" (vLLM returns the log-probs)
+        self.memory: dict = {}  # the driver holds no GPU: verl's workers report theirs in the update's metrics
         self.task_name = task_name
         self.divisor, self.dp_size, self.micro_per_gpu = divisor, dp_size, micro_batch_size_per_gpu
         self.mini_batch_size = mini_batch_size or optim.mini_batch_size
@@ -425,8 +428,8 @@ class VerlBackend:
         return UpdateResult(changed=True, metrics=metrics | verl_metrics | self._record_names(verl_metrics))
 
     def _record_names(self, verl_metrics: dict) -> dict:
-        """UPDATE_METRICS (and VERL_SHARED_METRICS where verl reports them) from verl's names; kl is 0.0 without a KL
-        term (as on the embedded backend)."""
+        """UPDATE_METRICS (and VERL_SHARED_METRICS, VERL_MEMORY_METRICS where verl reports them) from verl's names; kl
+        is 0.0 without a KL term (as on the embedded backend)."""
         out = {}
         for ours, names in VERL_METRICS.items():
             value = next((verl_metrics[n] for n in names if n in verl_metrics), None)
@@ -436,7 +439,8 @@ class VerlBackend:
                 log.warning("verl's actor returned none of %s: the record's %s column stays empty", names, ours)
                 value = float("nan")
             out[ours] = value
-        return out | {ours: verl_metrics[n] for ours, n in VERL_SHARED_METRICS.items() if n in verl_metrics}
+        return out | {ours: verl_metrics[n] for ours, n in VERL_SHARED_METRICS.items() if n in verl_metrics} | {
+            ours: verl_metrics[n] * 2**30 / 1e9 for ours, n in VERL_MEMORY_METRICS.items() if n in verl_metrics}
 
     # --- checkpoints -----------------------------------------------------------------------------------------
 

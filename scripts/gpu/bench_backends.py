@@ -2,6 +2,7 @@
 is), BAPO on verl with 1 GPU and with 2 GPUs, and the bandwidth bound of decode for each shape.
 
     python scripts/gpu/bench_backends.py models DIR [--shapes vl3b]        # random text-0.5B and VL shapes, saved
+    python scripts/gpu/bench_backends.py train --shape math --backend embedded --model DIR/math --source F --out F.json
     python scripts/gpu/bench_backends.py bound --shape text --model DIR/text --out F.json
     python scripts/gpu/bench_backends.py train --shape text --backend embedded --model DIR/text --out F.json
     python scripts/gpu/bench_backends.py train --shape text --backend verl --gpus 2 --model DIR/text --out F.json
@@ -46,6 +47,13 @@ run, kl_coef=0 so neither backend keeps a reference model):
         4) through verl's fused log-probs (`use_fused_kernels`: the LM head and log-softmax by chunks of tokens):
         verl's update is bound by the host's kernel launches, about as many a micro-batch whatever its rows, and
         without the fused path 8 rows' fp32 logits (8 x ~2,600 tokens x 151,936) outgrow a 141 GB card.
+  math, countdown, geometry3k  the paper's presets as users run them (`bapo train --preset NAME`), 8 prompts a
+        step, on random weights of their models' architectures (`models` saves math, DeepSeek-R1-Distill-Qwen-1.5B's
+        with its own LM head, and countdown, Qwen2.5-Math-1.5B's; geometry3k runs on vl3b, Qwen2.5-VL-3B's): random
+        weights run each response to the preset's cap, so a step holds the most the preset can ask of a card. The
+        row's `gpu_memory_gb` (the record's, by phase) and `peak_gpu_memory_gb` (nvidia-smi) say whether the preset
+        fits a card: more prompts a step take longer, not more memory (but for the batch's per-token terms, a few GB
+        at 256 x 8 x 8,192).
 
 A `train` run is `bapo train` (embedded) or `python -m bapo_vl.backends.verl_main` (verl) for --steps steps; figures
 come from its run record (t_generate, t_verify, t_train, t_sync, rollouts, response_length, step wall times); step 1
@@ -110,6 +118,20 @@ SHAPES = {
                        "actor_rollout_ref.actor.fsdp_config.optimizer_offload": True,
                        **VLLM_AS_USERS_RUN_IT}),
 }
+# The presets' models' architectures: DeepSeek-R1-Distill-Qwen-1.5B (untied LM head, 1.78 B) and Qwen2.5-Math-1.5B
+# (tied, 1.54 B), over the byte tokenizer padded to their 151,936 rows
+TEXT_1_5B = dict(VL_TEXT, vocab_size=151936, max_position_embeddings=131072)
+PRESET_RUN = dict(batch_size=8, device="cuda", save_every=-1, log_samples=2)
+SHAPES |= {
+    # a paper preset as users run it, at 8 prompts a step (its lengths, micro-batches, checkpointing, delay and KL
+    # reference: what a card must hold; more prompts a step take longer, not more memory, but for the per-token
+    # terms of the batch): the record's gpu_memory_* and the card's peak
+    "math": dict(preset="math", verl_preset="verl_math.yaml", prompt_tokens=300, bapo=PRESET_RUN, verl={}),
+    "countdown": dict(preset="countdown", verl_preset="verl_countdown.yaml", prompt_tokens=120, bapo=PRESET_RUN,
+                      verl={}),
+    "geometry3k": dict(preset="geometry3k", verl_preset="verl_geometry3k.yaml", prompt_tokens=600, bapo=PRESET_RUN,
+                       verl={}),
+}
 MODELS = {  # the `models` subcommand's random-weight models, by shape
     "text": dict(TEXT),
     # the text shape with Qwen2's 151,936-word vocabulary (text's is the byte tokenizer's 263 words): the update's
@@ -117,6 +139,8 @@ MODELS = {  # the `models` subcommand's random-weight models, by shape
     "text151k": dict(TEXT, vocab_size=151936),
     "vl": dict(VL_TEXT, vision="VISION_3B", max_pixels=MAX_PIXELS),
     "vl3b": dict(VL3B_TEXT, vision="VISION_3B", **EASYR1_PIXELS),
+    "math": dict(TEXT_1_5B, tie_word_embeddings=False),
+    "countdown": dict(TEXT_1_5B, max_position_embeddings=4096),
 }
 
 
@@ -181,7 +205,7 @@ def build(shape: str, **change):
     from bapo_vl import tiny
 
     spec = dict(MODELS[shape], **change)
-    if shape.startswith("text"):
+    if "vision" not in spec:
         return tiny.build_qwen2(**spec)
     if isinstance(spec.get("vision"), str):
         spec["vision"] = getattr(tiny, spec["vision"])
@@ -437,7 +461,7 @@ def easyr1_figures(db: Path, model_dir: Path, gpus: int, card_name: str, untimed
 
 def steps_summary(db: Path, untimed: set[int] = frozenset()) -> dict:
     """Medians over steps 2.. (less `untimed`, a profiled step) of the record's time split and throughput; which
-    steps they are: `timed_steps`."""
+    steps they are: `timed_steps`; the record's GPU memory by phase, the most of any step."""
     if not db.exists():
         return {"error": f"no run record at {db}"}
     from bapo_vl.record import query_ro
@@ -462,7 +486,10 @@ def steps_summary(db: Path, untimed: set[int] = frozenset()) -> dict:
                 response_length=med("response_length"), rollouts=med("rollouts"),
                 generate_tokens_per_s=statistics.median(t / m["t_generate"] for t, m in zip(tokens, later)),
                 train_tokens_per_s=statistics.median(t / m["t_train"] for t, m in zip(tokens, later) if m["t_train"]),
-                loss=later[-1].get("loss"), grad_norm=later[-1].get("grad_norm"))
+                loss=later[-1].get("loss"), grad_norm=later[-1].get("grad_norm"),
+                # GPU memory: the most of any step, the first included (what the card must hold, not a rate)
+                gpu_memory_gb={k[len("gpu_memory_"):-len("_gb")]: max(m.get(k, 0.0) for _, _, m in rows)
+                               for k in rows[0][2] if k.startswith("gpu_memory_")} or None)
 
 
 def provenance() -> dict:
