@@ -167,7 +167,7 @@ def test_metric_names_reach_the_run_record(kind, model_dir, tmp_path):
 def test_gpu_memory_of_each_step_reaches_the_run_record(model_dir, tmp_path):
     # Could fail if the embedded backend on a GPU left the record's gpu_memory_* empty, measured the wrong process's
     # figure, or did not clear it between steps (each step's figure is its own, not the run's peak so far).
-    cfg = make_cfg(model_dir, tmp_path, name="gpu", device="cuda")
+    cfg = make_cfg(model_dir, tmp_path, name="gpu", device="cuda", rollout_engine="transformers")  # vLLM's: the presets
     backend = make_backend(cfg)
     run_dir = train(cfg, quiet=True, backend=backend)
     steps = read_run(run_dir)["steps"]
