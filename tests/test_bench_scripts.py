@@ -236,7 +236,8 @@ def test_the_preset_shapes_run_the_presets_on_their_models_architectures(tmp_pat
         preset = load_config(shape).to_dict()
         assert preset["model"] == model  # what the shape's random-weight model stands for
         changed = {k for k in preset if got[k] != preset[k]}
-        assert changed == {"model", "batch_size", "device", "save_every", "log_samples", "steps", "run_dir", "name"}
+        assert changed == {"model", "batch_size", "online_filter", "device", "save_every", "log_samples", "steps",
+                           "run_dir", "name"}
         assert got["batch_size"] == 8 and got["steps"] == 2
     spec = bb.MODELS["math"]
     assert {k: spec[k] for k in ("hidden", "layers", "heads", "kv_heads", "intermediate", "vocab_size")} == dict(

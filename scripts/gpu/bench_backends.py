@@ -50,7 +50,8 @@ run, kl_coef=0 so neither backend keeps a reference model):
   math, countdown, geometry3k  the paper's presets as users run them (`bapo train --preset NAME`), 8 prompts a
         step, on random weights of their models' architectures (`models` saves math, DeepSeek-R1-Distill-Qwen-1.5B's
         with its own LM head, and countdown, Qwen2.5-Math-1.5B's; geometry3k runs on vl3b, Qwen2.5-VL-3B's): random
-        weights run each response to the preset's cap, so a step holds the most the preset can ask of a card. The
+        weights run each response to the preset's cap and solve nothing (online_filter=none: every group is trained
+        on), so a step holds the most the preset can ask of a card. The
         row's `gpu_memory_gb` (the record's, by phase) and `peak_gpu_memory_gb` (nvidia-smi) say whether the preset
         fits a card: more prompts a step take longer, not more memory (but for the batch's per-token terms, a few GB
         at 256 x 8 x 8,192).
@@ -121,7 +122,7 @@ SHAPES = {
 # The presets' models' architectures: DeepSeek-R1-Distill-Qwen-1.5B (untied LM head, 1.78 B) and Qwen2.5-Math-1.5B
 # (tied, 1.54 B), over the byte tokenizer padded to their 151,936 rows
 TEXT_1_5B = dict(VL_TEXT, vocab_size=151936, max_position_embeddings=131072)
-PRESET_RUN = dict(batch_size=8, device="cuda", save_every=-1, log_samples=2)
+PRESET_RUN = dict(batch_size=8, online_filter="none", device="cuda", save_every=-1, log_samples=2)
 SHAPES |= {
     # a paper preset as users run it, at 8 prompts a step (its lengths, micro-batches, checkpointing, delay and KL
     # reference: what a card must hold; more prompts a step take longer, not more memory, but for the per-token
@@ -485,7 +486,8 @@ def steps_summary(db: Path, untimed: set[int] = frozenset()) -> dict:
                 train_parts_s={k[len("t_train_"):]: split(k) for k in later[0] if k.startswith("t_train_")} or None,
                 response_length=med("response_length"), rollouts=med("rollouts"),
                 generate_tokens_per_s=statistics.median(t / m["t_generate"] for t, m in zip(tokens, later)),
-                train_tokens_per_s=statistics.median(t / m["t_train"] for t, m in zip(tokens, later) if m["t_train"]),
+                train_tokens_per_s=statistics.median([t / m["t_train"] for t, m in zip(tokens, later) if m["t_train"]]
+                                                     or [None]),  # None: no step trained
                 loss=later[-1].get("loss"), grad_norm=later[-1].get("grad_norm"),
                 # GPU memory: the most of any step, the first included (what the card must hold, not a rate)
                 gpu_memory_gb={k[len("gpu_memory_"):-len("_gb")]: max(m.get(k, 0.0) for _, _, m in rows)
