@@ -68,9 +68,8 @@ HEALTH = (
       "t_generate_logprobs": "behaviour log-probs (embedded backend)"}),
     ("Update speed: prompt + response tokens trained per second of the update", "tokens / s",
      {UPDATE_SPEED: "tokens / s (all GPUs)"}),
-    ("GPU memory: the most a step held (GB)", "GB",
-     {"gpu_memory_card_gb": "card in use (every process)", "gpu_memory_generate_gb": "generate (the trainer's tensors)",
-      "gpu_memory_train_gb": "update (the trainer's tensors; verl: its actor's peak)"}),
+    ("GPU memory: the card's at each phase's peak (GB)", "GB",
+     {"gpu_memory_generate_gb": "generate", "gpu_memory_train_gb": "update (verl: its actor's torch peak)"}),
 )
 MAX_BARS = 125  # stacked bar charts show at most this many bars (means of consecutive steps beyond)
 MAX_POINTS = 250  # line charts draw at most about this many points per series (beyond, a min/max envelope)

@@ -175,14 +175,13 @@ def test_steps_summary_gives_the_medians_of_the_train_times_parts(tmp_path):
                 if split:
                     m |= {f"t_train_{p}": step * (i + 1) for i, p in enumerate(parts)}
                 else:  # a GPU run of the embedded backend records its memory by phase
-                    m |= dict(gpu_memory_generate_gb=[5.0, 9.0, 6.0, 6.0][step - 1], gpu_memory_train_gb=20.0 + step,
-                              gpu_memory_card_gb=30.0)
+                    m |= dict(gpu_memory_generate_gb=[5.0, 9.0, 6.0, 6.0][step - 1], gpu_memory_train_gb=20.0 + step)
                 record.log_step(step, m)
         got = bench_backends().steps_summary(tmp_path / name / "run.db")
         assert got["train_s"] == 30.0  # steps 2-4
         assert got["train_parts_s"] == ({p: 3.0 * (i + 1) for i, p in enumerate(parts)} if split else None)
         # memory is the most of any step (the warm-up's too), not a median
-        assert got["gpu_memory_gb"] == (None if split else dict(generate=9.0, train=24.0, card=30.0))
+        assert got["gpu_memory_gb"] == (None if split else dict(generate=9.0, train=24.0))
         profiled = bench_backends().steps_summary(tmp_path / name / "run.db", untimed={2})  # --profile-step 2
         assert profiled["timed_steps"] == [3, 4] and got["timed_steps"] == [2, 3, 4]
         assert profiled["train_s"] == 35.0

@@ -101,7 +101,7 @@ def runs(tmp_path_factory):
         conn.execute("UPDATE meta SET value = 'running' WHERE key = 'status'")
         # what a step on a GPU adds (bapo_vl.backends.gpu_memory.PhaseMemory; a CPU run has no GPU memory to record)
         conn.execute("UPDATE steps SET metrics = json_set(metrics, '$.gpu_memory_generate_gb', 20.0 + step, "
-                     "'$.gpu_memory_train_gb', 30.0 + step, '$.gpu_memory_card_gb', 40.0 + step)")
+                     "'$.gpu_memory_train_gb', 30.0 + step)")
     conn.close()
     for name, content in (("broken-empty", b""), ("broken-corrupt", b"not a database " * 100)):
         (root / "live" / name).mkdir()

@@ -316,7 +316,7 @@ class StandInActor:
         if last:  # the engine steps its lr scheduler after the last mini-batch and reports that lr
             metrics["lr"] = self.optimizer.param_groups[0]["lr"]
         metrics["mfu"] = 0.0  # no flops counter on CPU; RayPPOTrainer._update_actor pops the key, so it must be there
-        metrics["perf/max_memory_allocated_gb"] = 2.5  # GiB, under verl's name; on CPU there is no torch peak to give
+        metrics["perf/max_memory_reserved_gb"] = 2.5  # GiB, under verl's name; on CPU there is no torch peak to give
         return metrics
 
     @torch.no_grad()
@@ -925,7 +925,7 @@ def test_stand_in_actor_metrics_have_verls_names(runs):
     for key in ("actor/pg_loss", "actor/entropy_loss", "kl_loss", "kl_coef"):
         assert f'metrics["{key}"]' in source, key
     source = inspect.getsource(TrainingWorker._postprocess_output)
-    for key in ("loss", "grad_norm", "lr", "mfu", "perf/max_memory_allocated_gb"):
+    for key in ("loss", "grad_norm", "lr", "mfu", "perf/max_memory_reserved_gb"):
         assert f'final_metrics["{key}"]' in source, key
     _, _, _, backend = runs
     assert len(backend.actor.metrics) == T
@@ -967,7 +967,7 @@ def test_update_metrics_reach_the_run_record(model_dir, tmp_path, monkeypatch):
         assert s["actor/lr"] == cfg.optim.lr
         # the embedded backend's column for the KL to the rollout policy, from verl's number
         assert s["ppo_kl"] == pytest.approx(float(np.mean(verl_metrics["actor/ppo_kl"])), rel=1e-12)
-        # the actor's torch peak, which verl gives in GiB, in the record's GB
+        # the most the actor's torch reserved, which verl gives in GiB, in the record's GB
         assert s["gpu_memory_train_gb"] == pytest.approx(2.5 * 2**30 / 1e9, rel=1e-12)
         trained = s["trained_groups"] - s["trimmed_groups"]
         assert s["optimizer_steps"] == cfg.optim.epochs * max(1, trained // cfg.optim.mini_batch_size)

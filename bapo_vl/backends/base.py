@@ -132,9 +132,9 @@ class Backend(Protocol):
     # engine, X2's weight swaps included) and "logprobs" (the embedded backend's own scoring of the behaviour log-probs);
     # the record's t_generate_sample and t_generate_logprobs
     timings: Counter
-    # GB of GPU memory since the trainer last cleared it (once a step), by phase: "generate" and "train" (the most
-    # this process's tensors held) and "card" (the most in use on the card); the record's gpu_memory_*_gb. Empty where
-    # the backend holds no GPU in this process (a CPU run; verl, whose actor reports its own peak: gpu_memory_train_gb)
+    # GB of the card's memory in use at the peak of each phase since the trainer last cleared it (once a step):
+    # "generate" and "train", the record's gpu_memory_*_gb. Empty where the backend holds no GPU in this process (a CPU
+    # run; verl, whose actor reports its own peak: gpu_memory_train_gb)
     memory: dict
 
     def encode(self, problem: Problem) -> Any:

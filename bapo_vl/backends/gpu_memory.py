@@ -34,11 +34,12 @@ def named(what: str, lower: str):
 
 
 class PhaseMemory(dict):
-    """GB (1e9 bytes) of GPU memory by phase of a step (base.Backend.memory; the trainer clears it once a step):
-    "generate" and "train", the most this process's tensors held in the phase (torch's peak, reset as it starts),
-    and "card", the most in use on the card at a phase's end by every process: its total less its free memory, so a
-    colocated vLLM engine's pool, torch's cached blocks and other programs on the card count. What a card must hold
-    for a run is at least the largest of them. Empty where the device is not a GPU."""
+    """GB (1e9 bytes) of the card's memory in use at the peak of each phase of a step, "generate" and "train"
+    (base.Backend.memory; the trainer clears it once a step): in use when the phase starts, by every process (the
+    card's total less its free memory: a colocated vLLM engine's pool and torch's cached blocks included), plus how far
+    torch's reserved memory rose above its level then, since torch takes device memory only by growing its reserve.
+    torch's allocation count would not do: it keeps counting a sleeping vLLM engine's pool, which then holds no memory.
+    Another process's growth within the phase is not seen. Empty where the device is not a GPU."""
 
     def __init__(self, device: torch.device):
         super().__init__()
@@ -50,7 +51,8 @@ class PhaseMemory(dict):
             yield
             return
         torch.cuda.reset_peak_memory_stats(self.device)
-        yield
         free, total = torch.cuda.mem_get_info(self.device)
-        self[name] = max(self.get(name, 0.0), torch.cuda.max_memory_allocated(self.device) / 1e9)
-        self["card"] = max(self.get("card", 0.0), (total - free) / 1e9)
+        in_use, reserved = total - free, torch.cuda.memory_reserved(self.device)
+        yield
+        peak = in_use + torch.cuda.max_memory_reserved(self.device) - reserved
+        self[name] = max(self.get(name, 0.0), peak / 1e9)

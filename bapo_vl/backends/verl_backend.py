@@ -77,8 +77,9 @@ assert set(VERL_METRICS) | set(COUNTED) == set(UPDATE_METRICS)
 # Beyond UPDATE_METRICS: columns the embedded backend's record has too, given its name where verl reports them, so
 # that one column (and the dashboard's Training health panel) reads both backends' runs
 VERL_SHARED_METRICS = {"ppo_kl": "actor/ppo_kl"}  # mean of behaviour minus current log-probs: KL to the rollout
-# verl's actor reports its torch peak since it started in GiB; the record's gpu_memory_train_gb is in GB (1e9 bytes)
-VERL_MEMORY_METRICS = {"gpu_memory_train_gb": "actor/perf/max_memory_allocated_gb"}
+# verl's actor reports the most torch reserved on its card since it started (the update's peak, and the vLLM server's
+# memory beside it is not counted), in GiB; the record's gpu_memory_train_gb is in GB (1e9 bytes)
+VERL_MEMORY_METRICS = {"gpu_memory_train_gb": "actor/perf/max_memory_reserved_gb"}
 
 
 class VerlConfigError(ValueError):
