@@ -35,7 +35,7 @@ def test_presets_state_only_what_differs_from_config(path):
 
 
 # The presets' effective values: a change here changes a paper setup, on purpose only (geometry3k's micro-batches
-# of 2 fit a 141 GB card, math's checkpointing an 80 GB one).
+# of 2 fit a 141 GB card, math's checkpointing and scoring of 8 sequences at a time an 80 GB one).
 EFFECTIVE = {
     "tiny": dict(task="countdown", task_options={"template": "compact"}, model="countdown-tiny", device="cpu",
                  steps=60, batch_size=32, group_size=8, max_prompt_length=64, max_response_length=40, lr=2e-4,
@@ -45,8 +45,8 @@ EFFECTIVE = {
                       mini_batch_size=64, micro_batch_size=8, kl_coef=0.001, entropy_coef=0.001, save_every=20),
     "math": dict(task="math", model="deepseek-ai/DeepSeek-R1-Distill-Qwen-1.5B", steps=471, batch_size=256,
                  group_size=8, temperature=1.0, top_p=1.0, max_prompt_length=2048, max_response_length=8192,
-                 lr=1e-6, mini_batch_size=64, micro_batch_size=4, gradient_checkpointing=True, kl_coef=0.001,
-                 entropy_coef=0.001, save_every=50),
+                 lr=1e-6, mini_batch_size=64, micro_batch_size=4, gradient_checkpointing=True, score_batch_size=8,
+                 kl_coef=0.001, entropy_coef=0.001, save_every=50),
     "geometry3k": dict(task="geometry3k", model="Qwen/Qwen2.5-VL-3B-Instruct", steps=25, batch_size=256,
                        group_size=8, max_prompt_length=2048, max_response_length=2048, lr=1e-6, mini_batch_size=64,
                        micro_batch_size=2, kl_coef=0.001, entropy_coef=0.001, min_pixels=3136, max_pixels=1003520,

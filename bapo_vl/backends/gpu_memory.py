@@ -16,12 +16,13 @@ class OutOfGpuMemory(RuntimeError):
 
 
 def card_memory() -> str:
-    """'; peak X GB allocated by this process, card Y GB' where this process uses CUDA, '' elsewhere (a CPU run, or
-    verl's driver, whose workers hold the GPUs: asking would give the driver a CUDA context of its own)."""
+    """'; X GB of the card's Y GB in use' (every process's, as the error leaves it) where this process uses CUDA, ''
+    elsewhere (a CPU run, or verl's driver, whose workers hold the GPUs: asking would give the driver a CUDA context of
+    its own). Not torch's allocation count, which keeps counting a sleeping vLLM engine's pool."""
     if not torch.cuda.is_initialized():
         return ""
-    _, total = torch.cuda.mem_get_info()
-    return f"; peak {torch.cuda.max_memory_allocated() / 1e9:.1f} GB allocated by this process, card {total / 1e9:.1f} GB"
+    free, total = torch.cuda.mem_get_info()
+    return f"; {(total - free) / 1e9:.1f} GB of the card's {total / 1e9:.1f} GB in use"
 
 
 @contextmanager

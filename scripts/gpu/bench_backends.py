@@ -53,8 +53,8 @@ run, kl_coef=0 so neither backend keeps a reference model):
         weights run each response to the preset's cap and solve nothing (online_filter=none: every group is trained
         on), so a step holds the most the preset can ask of a card. The
         row's `gpu_memory_gb` (the record's, by phase) and `peak_gpu_memory_gb` (nvidia-smi) say whether the preset
-        fits a card: more prompts a step take longer, not more memory (but for the batch's per-token terms, a few GB
-        at 256 x 8 x 8,192).
+        fits a card: more prompts a step take longer, not more memory (but for the batch's per-token terms on the
+        device, 67 MB a float tensor at 256 x 8 x 8,192 tokens).
 
 A `train` run is `bapo train` (embedded) or `python -m bapo_vl.backends.verl_main` (verl) for --steps steps; figures
 come from its run record (t_generate, t_verify, t_train, t_sync, rollouts, response_length, step wall times); step 1
