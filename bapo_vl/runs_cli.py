@@ -24,7 +24,8 @@ SHOW_COLUMNS = [
     ("c2", "c2", "{:.3f}"), ("c3", "c3", "{:.3f}"), ("rollouts", "rollouts", "{}"),
     ("fresh r", "fresh_reward", "{:.3f}"), ("batch r", "reward", "{:.3f}"), ("loss", "loss", "{:.4g}"),
     ("kl", "kl", "{:.3g}"), ("gen s", "t_generate", "{:.1f}"), ("verify s", "t_verify", "{:.1f}"),
-    ("train s", "t_train", "{:.1f}"),
+    ("train s", "t_train", "{:.1f}"), ("gen GB", "gpu_memory_generate_gb", "{:.1f}"),
+    ("train GB", "gpu_memory_train_gb", "{:.1f}"),  # the card's memory at each phase's peak (a GPU run)
 ]
 
 
@@ -128,7 +129,7 @@ def cmd_runs_show(run: str, root: str = "runs", as_json: bool = False) -> int:
       config   the full config as logged at creation
       steps    [{step, time, bins, x1, x2, x3, batch_size, bad_size, high_size, c2, c3, r_tot, rollouts,
                  fresh_reward, reward, loss, kl, entropy, clip_frac, t_generate, t_generate_sample,
-                 t_generate_logprobs, t_verify, t_train, t_sync,
+                 t_generate_logprobs, t_verify, t_train, t_sync, [gpu_memory_generate_gb, gpu_memory_train_gb],
                  ...any other metric the trainer logged}, ...] in step order; absent metrics are absent keys;
                  names are this version's whatever version wrote the record (a v2 record's t_score is t_verify)
       summary  {n_steps, last_step, rollouts, fresh_reward_first, fresh_reward_last, steps_with_x2,

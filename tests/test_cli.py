@@ -36,6 +36,24 @@ def test_runs_list_and_unknown_run(tmp_path, capsys):
     assert "nope" in capsys.readouterr().err
 
 
+def test_runs_show_gives_each_steps_gpu_memory(tmp_path, capsys):
+    # Could fail if the table left out what a GPU run records of its memory, or printed a CPU run's absent figure as 0.
+    from bapo_vl.record import RunRecord
+
+    with RunRecord.create(tmp_path / "gpu", {}) as record:
+        for step, (generate, train) in enumerate([(64.7, 68.0), (80.4, 80.82)], start=1):
+            record.log_step(step, dict(rollouts=8, t_generate=1.0, gpu_memory_generate_gb=generate,
+                                       gpu_memory_train_gb=train))
+    assert main(["train", "--quiet", f"run_dir={tmp_path}", "name=cpu", *SMALL]) == 0
+    capsys.readouterr()
+    for name, cells in (("gpu", [["64.7", "68.0"], ["80.4", "80.8"]]), ("cpu", [["-", "-"], ["-", "-"]])):
+        assert main(["runs", "show", name, "--root", str(tmp_path)]) == 0
+        rows = [line.translate({ord(c): " " for c in "│┃"}).split() for line in capsys.readouterr().out.splitlines()]
+        header = next(r for r in rows if "step" in r and "train" in r)
+        steps = [r for r in rows if r and r[0] in ("1", "2")]
+        assert header[-4:] == ["gen", "GB", "train", "GB"] and [r[-2:] for r in steps] == cells, name
+
+
 def test_bad_override_is_a_clear_error(tmp_path, capsys):
     assert main(["train", f"run_dir={tmp_path}", "lerning_rate=1"]) == 2
     assert "unknown config key 'lerning_rate'" in capsys.readouterr().err
