@@ -48,7 +48,8 @@ def test_runs_show_gives_each_steps_gpu_memory(tmp_path, capsys):
     capsys.readouterr()
     for name, cells in (("gpu", [["64.7", "68.0"], ["80.4", "80.8"]]), ("cpu", [["-", "-"], ["-", "-"]])):
         assert main(["runs", "show", name, "--root", str(tmp_path)]) == 0
-        rows = [line.translate({ord(c): " " for c in "│┃"}).split() for line in capsys.readouterr().out.splitlines()]
+        out = capsys.readouterr().out.translate({ord(c): " " for c in "│┃"})  # rich's column rules
+        rows = [line.split() for line in out.splitlines()]
         header = next(r for r in rows if "step" in r and "train" in r)
         steps = [r for r in rows if r and r[0] in ("1", "2")]
         assert header[-4:] == ["gen", "GB", "train", "GB"] and [r[-2:] for r in steps] == cells, name
