@@ -90,6 +90,8 @@ class Progress:
     def update(self, t: int, m: dict):
         info = (f"reward {m['fresh_reward']:.3f} |X1| {m['x1']} |X2| {m['x2']} |X3| {m['x3']} "
                 f"B_bad {m['bad_size']} B_high {m['high_size']}")
+        if gpu := [m[k] for k in ("gpu_memory_generate_gb", "gpu_memory_train_gb") if k in m]:  # a GPU run
+            info += f" GPU {max(gpu):.1f} GB"
         if self.bar is not None:
             self.bar.update(self.task, advance=1, info=info)
         elif not self.quiet and (time.monotonic() - self.last >= self.every or t == self.total):

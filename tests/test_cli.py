@@ -84,6 +84,19 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path, capsys):
     assert run["meta"]["status"] == "finished"
 
 
+def test_progress_names_a_gpu_steps_memory(capsys):
+    # Could fail if the step line left out the most a GPU step held of its card (what says, step by step, how close a
+    # run is to running out of memory), or invented one for a CPU run.
+    from bapo_vl.train import Progress
+
+    step = dict(fresh_reward=0.25, x1=4, x2=0, x3=1, bad_size=2, high_size=3)
+    progress = Progress(total=2, start=0, quiet=False, every=0.0)
+    progress.update(1, step)
+    progress.update(2, step | dict(gpu_memory_generate_gb=100.46, gpu_memory_train_gb=58.3))
+    cpu, gpu = capsys.readouterr().err.splitlines()
+    assert cpu.endswith("B_high 3") and gpu.endswith("B_high 3 GPU 100.5 GB")
+
+
 def test_progress_without_a_terminal_and_quiet(tmp_path):
     # Could fail if progress showed only on a TTY (a run redirected to a file said nothing for its whole length), or
     # if --quiet still printed progress bars (ours or transformers' loading bars).
