@@ -51,10 +51,10 @@ run, kl_coef=0 so neither backend keeps a reference model):
         step, on random weights of their models' architectures (`models` saves math, DeepSeek-R1-Distill-Qwen-1.5B's
         with its own LM head, and countdown, Qwen2.5-Math-1.5B's; geometry3k runs on vl3b, Qwen2.5-VL-3B's): random
         weights run each response to the preset's cap and solve nothing (online_filter=none: every group is trained
-        on), so a step holds the most the preset can ask of a card. The
-        row's `gpu_memory_gb` (the record's, by phase) and `peak_gpu_memory_gb` (nvidia-smi) say whether the preset
-        fits a card: more prompts a step take longer, not more memory (but for the batch's per-token terms on the
-        device, 67 MB a float tensor at 256 x 8 x 8,192 tokens).
+        on), so a step holds the most the preset can ask of a card. The row's `gpu_memory_gb` (the record's, by
+        phase) and `peak_gpu_memory_gb` (nvidia-smi) say whether the preset fits a card: more prompts a step take
+        longer, not more memory (but for the batch's per-token terms on the device, 67 MB a float tensor at 256 x 8 x
+        8,192 tokens).
 
 A `train` run is `bapo train` (embedded) or `python -m bapo_vl.backends.verl_main` (verl) for --steps steps; figures
 come from its run record (t_generate, t_verify, t_train, t_sync, rollouts, response_length, step wall times); step 1
