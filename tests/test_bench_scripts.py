@@ -103,6 +103,15 @@ def test_reports_of_the_committed_two_h200_results():
     assert "MFU 13.5%" in engines
 
 
+def test_report_of_the_committed_preset_memory_results():
+    # Could fail if the report dropped the record's GPU memory or nvidia-smi's peak, which docs/results.md quotes, or
+    # lost the peak of a run that did not finish (the one that ran out of memory).
+    steps = run(ROOT / "scripts" / "gpu" / "bench_backends.py", "report", *results_with("preset-math-sb8.json"))
+    assert "| score_batch_size=8 | 84.52 |" in steps and steps.count("| 100.5 / 58.3 (100.5) |") == 1
+    assert "| 80.4 / 80.8 (80.8) |" in steps and "| 129.5 / 124.0 (129.5) |" in steps
+    assert "| gradient_checkpointing=false | failed: rc=1 0 steps recorded | | | | | | | | - / - (150.0) |" in steps
+
+
 def test_reports_of_the_committed_two_h100_results():
     # Could fail if the A/B arm (an env switch, not a Config field) were not told apart from the default row, or if
     # the update's profile (what bounds its MFU) were dropped from the report.
@@ -182,6 +191,8 @@ def test_steps_summary_gives_the_medians_of_the_train_times_parts(tmp_path):
         assert got["train_parts_s"] == ({p: 3.0 * (i + 1) for i, p in enumerate(parts)} if split else None)
         # memory is the most of any step (the warm-up's too), not a median
         assert got["gpu_memory_gb"] == (None if split else dict(generate=9.0, train=24.0))
+        profiled = bench_backends().steps_summary(tmp_path / name / "run.db", untimed={2, 3, 4})  # none timed
+        assert "error" in profiled and profiled["gpu_memory_gb"] == got["gpu_memory_gb"]  # memory needs no timing
         profiled = bench_backends().steps_summary(tmp_path / name / "run.db", untimed={2})  # --profile-step 2
         assert profiled["timed_steps"] == [3, 4] and got["timed_steps"] == [2, 3, 4]
         assert profiled["train_s"] == 35.0

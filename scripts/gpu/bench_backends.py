@@ -469,10 +469,13 @@ def steps_summary(db: Path, untimed: set[int] = frozenset()) -> dict:
 
     rows = [(r["step"], r["time"], json.loads(r["metrics"]))
             for r in query_ro(db.parent, "SELECT step, time, metrics FROM steps ORDER BY step")]
+    # GPU memory: the most of any step, the first included (what the card must hold, not a rate)
+    memory = {k[len("gpu_memory_"):-len("_gb")]: max(m.get(k, 0.0) for _, _, m in rows)
+              for k in (rows[0][2] if rows else {}) if k.startswith("gpu_memory_")} or None
     timed = [i for i in range(1, len(rows)) if rows[i][0] not in untimed]
     if not timed:
         untimed_note = f", none timed (untimed: {sorted(untimed)})" if rows[1:] else ""
-        return {"error": f"{len(rows)} steps recorded{untimed_note}"}
+        return {"error": f"{len(rows)} steps recorded{untimed_note}", "gpu_memory_gb": memory}
     walls = [rows[i][1] - rows[i - 1][1] for i in timed]
     later = [rows[i][2] for i in timed]
     med = lambda key: statistics.median(m.get(key) or 0.0 for m in later)
@@ -488,10 +491,7 @@ def steps_summary(db: Path, untimed: set[int] = frozenset()) -> dict:
                 generate_tokens_per_s=statistics.median(t / m["t_generate"] for t, m in zip(tokens, later)),
                 train_tokens_per_s=statistics.median([t / m["t_train"] for t, m in zip(tokens, later) if m["t_train"]]
                                                      or [None]),  # None: no step trained
-                loss=later[-1].get("loss"), grad_norm=later[-1].get("grad_norm"),
-                # GPU memory: the most of any step, the first included (what the card must hold, not a rate)
-                gpu_memory_gb={k[len("gpu_memory_"):-len("_gb")]: max(m.get(k, 0.0) for _, _, m in rows)
-                               for k in rows[0][2] if k.startswith("gpu_memory_")} or None)
+                loss=later[-1].get("loss"), grad_norm=later[-1].get("grad_norm"), gpu_memory_gb=memory)
 
 
 def provenance() -> dict:
@@ -560,15 +560,16 @@ def report(files: list[Path]):
                                   f"per step at {b['copy_rate_GBps']:.0f} GB/s, {b['card']})" if b else ""))
         print("| backend | card | changed settings | step s | generate / verify / train / sync s "
               "| of generate: engine / log-probs s | response tokens | generate tok/s | step x embedded | of bound "
-              "| train tok/s |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+              "| train tok/s | GPU GB: generate / update (nvidia-smi) |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         for r in rows:
             engine = next((o.split("=", 1)[1] for o in r.get("overrides") or [] if o.startswith("rollout_engine=")), None)
             label = (f"embedded ({engine} engine)" if engine else "embedded") if r["backend"] == "embedded" \
                 else f"verl, {r['gpus']} GPU, vLLM {r.get('vllm_mode', 'eager')}"
             changed = " ".join(r.get("overrides") or []) or "-"
             if "step_s" not in r:
-                print(f"| {label} | {card_model(r)} | {changed} | failed: rc={r['rc']} {r.get('error', '')} | | | | | | | |")
+                print(f"| {label} | {card_model(r)} | {changed} | failed: rc={r['rc']} {r.get('error', '')} "
+                      f"| | | | | | | | {gpu_memory(r)} |")
                 continue
             comparable = base and (card_model(base), settings(base)) == (card_model(r), settings(r))
             ratio = f"{base['step_s'] / r['step_s']:.2f}x" if comparable else "- (other card or settings)"
@@ -577,7 +578,20 @@ def report(files: list[Path]):
             verify = r["verify_s"] if "verify_s" in r else r["score_s"]  # results written before t_score's rename
             print(f"| {label} | {card_model(r)} | {changed} | {r['step_s']:.2f} | {r['generate_s']:.2f} / {verify:.2f} / "
                   f"{r['train_s']:.2f} / {r['sync_s']:.2f} | {where} | {r['rollouts']:.0f} x {r['response_length']:.0f} | "
-                  f"{r['generate_tokens_per_s']:,.0f} | {ratio} | {frac} | {r['train_tokens_per_s']:,.0f} |")
+                  f"{r['generate_tokens_per_s']:,.0f} | {ratio} | {frac} | {tokens_per_s(r['train_tokens_per_s'])} "
+                  f"| {gpu_memory(r)} |")
+
+
+def tokens_per_s(value) -> str:
+    return "-" if value is None else f"{value:,.0f}"  # None: no step trained
+
+
+def gpu_memory(r: dict) -> str:
+    """A row's GPU memory: the record's most of a step, generate / update, and nvidia-smi's peak over the run."""
+    record = r.get("gpu_memory_gb") or {}
+    phases = " / ".join("-" if record.get(k) is None else f"{record[k]:.1f}" for k in ("generate", "train"))
+    peak = r.get("peak_gpu_memory_gb")
+    return f"{phases} ({'-' if peak is None else f'{peak:.1f}'})"
 
 
 def main():
